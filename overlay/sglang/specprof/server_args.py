@@ -1,0 +1,87 @@
+"""--speculative-profile and its options: the command line, and the check at startup.
+
+ServerArgs carries three fields (speculative_profile, speculative_profile_interval,
+speculative_profile_output); the patch to server_args.py calls into this module so that
+the options and their validation live here, not in upstream's file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+PROFILED_ALGORITHMS = ("EAGLE", "EAGLE3")
+
+
+class SpecProfileArgError(ValueError):
+    """A --speculative-profile option that cannot work; the message is one sentence."""
+
+
+def add_cli_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("speculative decoding profiler (sglang-specprof)")
+    group.add_argument(
+        "--speculative-profile",
+        action="store_true",
+        default=False,
+        help="Time every EAGLE/EAGLE3 speculative decode cycle phase by phase on the GPU "
+        "(CUDA events, no added synchronisation) and report per phase, per draft step and "
+        "per position in the log, /server_info and, with --enable-metrics, Prometheus.",
+    )
+    group.add_argument(
+        "--speculative-profile-interval",
+        type=int,
+        default=100,
+        metavar="N",
+        help="Decode cycles per summary window (default: 100).",
+    )
+    group.add_argument(
+        "--speculative-profile-output",
+        type=str,
+        default=None,
+        metavar="PATH",
+        help="Append one JSON object per summary window to this JSONL file.",
+    )
+
+
+def validate(args) -> None:
+    """Raise SpecProfileArgError if the profiler options cannot work together."""
+    if not getattr(args, "speculative_profile", False):
+        if getattr(args, "speculative_profile_output", None):
+            raise SpecProfileArgError(
+                "--speculative-profile-output only takes effect with --speculative-profile; add it."
+            )
+        return
+    algo = args.speculative_algorithm
+    if algo is None:
+        raise SpecProfileArgError(
+            "--speculative-profile needs speculative decoding: add --speculative-algorithm EAGLE3 "
+            "(or EAGLE) and a --speculative-draft-model-path."
+        )
+    if str(algo).upper() not in PROFILED_ALGORITHMS:
+        raise SpecProfileArgError(
+            f"--speculative-profile times the EAGLE and EAGLE3 workers only, "
+            f"not --speculative-algorithm {algo}."
+        )
+    interval = args.speculative_profile_interval
+    if not isinstance(interval, int) or interval < 1:
+        raise SpecProfileArgError(f"--speculative-profile-interval must be 1 or more, not {interval}.")
+    path = args.speculative_profile_output
+    if path:
+        folder = os.path.dirname(os.path.abspath(path)) or "."
+        if os.path.isdir(path):
+            raise SpecProfileArgError(f"--speculative-profile-output {path} is a folder; give a file path.")
+        if not os.path.isdir(folder):
+            raise SpecProfileArgError(f"--speculative-profile-output {path}: the folder {folder} does not exist.")
+        try:
+            with open(path, "a"):
+                pass
+        except OSError as e:
+            raise SpecProfileArgError(f"--speculative-profile-output {path} is not writable: {e.strerror}.") from None
+
+
+def from_cli_args(parser: argparse.ArgumentParser, server_args_cls, raw_args):
+    """ServerArgs.from_cli_args, with a profiler option error shown as a usage error."""
+    try:
+        return server_args_cls.from_cli_args(raw_args)
+    except SpecProfileArgError as e:
+        parser.exit(2, f"{parser.prog}: error: {e}\n")

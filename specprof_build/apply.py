@@ -1,0 +1,98 @@
+"""Apply a series to an unpacked tree with git: zero fuzz, zero offset, first failure named."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+from .errors import BuildError
+
+_FILE = re.compile(r"^diff --git a/(\S+) b/(\S+)$", re.M)
+_HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+\d+(?:,\d+)? @@", re.M)
+_CHECKING = re.compile(r"^Checking patch (.+?)\.\.\.$")
+_OFFSET = re.compile(r"^Hunk #(\d+) succeeded at (\d+) \(offset (-?\d+) lines?\)\.$")
+_FAILED = re.compile(r"^error: patch failed: (.+):(\d+)$")
+_MISSING = re.compile(r"^error: (.+): (No such file or directory|does not exist in index)$")
+
+
+def hunks(patch_text: str) -> dict[str, list[int]]:
+    """For each file a patch touches, the old start line of each hunk, in order."""
+    out: dict[str, list[int]] = {}
+    sections = list(_FILE.finditer(patch_text))
+    for i, m in enumerate(sections):
+        end = sections[i + 1].start() if i + 1 < len(sections) else len(patch_text)
+        out[m.group(1)] = [int(h.group(1)) for h in _HUNK.finditer(patch_text, m.end(), end)]
+    return out
+
+
+def _git(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    if shutil.which("git") is None:
+        raise BuildError("git is not installed; build.py applies patches with git apply.")
+    env = dict(os.environ, GIT_CEILING_DIRECTORIES=str(cwd.resolve().parent), LC_ALL="C")
+    return subprocess.run(["git", *args], cwd=cwd, env=env, capture_output=True, text=True)
+
+
+def check_one(tree: Path, patch: Path) -> None:
+    """Raise BuildError naming patch, file and hunk unless the patch applies exactly."""
+    text = patch.read_text()
+    proc = _git(["apply", "--check", "--verbose", str(patch.resolve())], tree)
+    lines = (proc.stderr + proc.stdout).splitlines()
+    current = None
+    table = hunks(text)
+    for line in lines:
+        if m := _CHECKING.match(line):
+            current = m.group(1)
+        elif m := _OFFSET.match(line):
+            n, at, off = m.groups()
+            raise BuildError(
+                f"{patch.name}: hunk #{n} of {current} only applies {off} lines away from where it says "
+                f"(line {int(at) - int(off)}); the series must apply with zero offset, so refresh it "
+                f"with python build.py rebase."
+            )
+    if proc.returncode == 0:
+        return
+    for line in lines:
+        if m := _FAILED.match(line):
+            path, start = m.group(1), int(m.group(2))
+            starts = table.get(path, [])
+            n = starts.index(start) + 1 if start in starts else "?"
+            raise BuildError(
+                f"{patch.name}: hunk #{n} of {path} (at line {start}) does not apply: "
+                f"upstream changed the lines it expects; refresh the series with python build.py rebase."
+            )
+        if m := _MISSING.match(line):
+            raise BuildError(f"{patch.name}: {m.group(1)} does not exist in this upstream tree.")
+    detail = next((l for l in lines if l.startswith("error:")), "git apply failed")
+    raise BuildError(f"{patch.name} does not apply: {detail[len('error: '):] if detail.startswith('error: ') else detail}.")
+
+
+def apply_series(tree: Path, patches: list[Path], log=print, write: bool = True) -> None:
+    for patch in patches:
+        check_one(tree, patch)
+        if write:
+            proc = _git(["apply", str(patch.resolve())], tree)
+            if proc.returncode != 0:
+                raise BuildError(f"{patch.name} does not apply: {proc.stderr.strip().splitlines()[-1]}.")
+        log(f"apply     {patch.name} ({sum(len(v) for v in hunks(patch.read_text()).values())} hunks, exact)")
+
+
+def copy_overlay(overlay: Path, tree: Path, files: list[Path], log=print) -> list[str]:
+    """Copy the overlay into the tree; refuse to replace anything upstream has."""
+    clashes = [str(f.relative_to(overlay)) for f in files if (tree / f.relative_to(overlay)).exists()]
+    if clashes:
+        raise BuildError(
+            f"The overlay would overwrite upstream's {', '.join(clashes)}; "
+            f"change upstream files with a patch, not the overlay."
+        )
+    added = []
+    for f in files:
+        rel = f.relative_to(overlay)
+        dest = tree / rel
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(f, dest)
+        added.append(str(rel))
+    log(f"overlay   {len(added)} files")
+    return added

@@ -1,0 +1,116 @@
+"""python build.py: a patched, hash-pinned SGLang wheel that accepts --speculative-profile."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from . import apply, fetch, release, repack
+from .errors import BuildError
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="build.py",
+        description="Build sglang-X.Y.Z+specprof.N: a pinned SGLang release with the patch series "
+        "and the timing overlay applied, as a drop-in wheel.",
+    )
+    p.add_argument("--sglang", metavar="VERSION", help="the upstream release (default: patches/default)")
+    p.add_argument("--list", action="store_true", help="list the releases that have a series, and exit")
+    p.add_argument("--check", action="store_true", help="check that the series applies exactly; write nothing")
+    p.add_argument("--from-wheel", metavar="FILE", type=Path,
+                   help="build from this upstream wheel instead of downloading (hash-checked against the pin)")
+    p.add_argument("--python-tag", metavar="TAG", help="build for another interpreter, e.g. cp312")
+    p.add_argument("--platform", metavar="PLAT", help="build for another platform, e.g. manylinux_2_34_aarch64")
+    p.add_argument("--out", metavar="DIR", type=Path, default=Path("dist"), help="where the wheel goes (default: dist)")
+    p.add_argument("--cache-dir", metavar="DIR", type=Path, default=None,
+                   help="download cache (default: $SGLANG_SPECPROF_CACHE or ~/.cache/sglang-specprof)")
+    p.add_argument("--offline", action="store_true", help="never download; use the cache or --from-wheel")
+    p.add_argument("-q", "--quiet", action="store_true", help="print only the wheel's path")
+    return p
+
+
+def check_out_dir(out: Path) -> None:
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = tempfile.NamedTemporaryFile(dir=out, prefix=".write-test-", delete=True)
+        probe.close()
+    except OSError as e:
+        raise BuildError(f"Cannot write the wheel into {out}: {e.strerror}.") from None
+
+
+def build(args, log) -> Path | None:
+    t0 = time.monotonic()
+    version = args.sglang or release.default_release()
+    rel = release.load(version)
+    if args.from_wheel is not None:
+        if args.python_tag or args.platform:
+            raise BuildError("--from-wheel builds for the wheel's own tags; leave out --python-tag and --platform.")
+        name = fetch.from_wheel(rel.pin, args.from_wheel)
+        source = args.from_wheel
+        log(f"upstream  {name} from {args.from_wheel} (sha256 ok)")
+    else:
+        name = fetch.choose(rel.pin, args.python_tag, args.platform)
+        source = fetch.fetch(rel.pin, name, args.cache_dir or fetch.default_cache(), args.offline, log)
+    if not args.check:
+        check_out_dir(args.out)
+    with tempfile.TemporaryDirectory(prefix="specprof-build-") as work:
+        work = Path(work)
+        tree = repack.unpack(source, work / "tree")
+        log(f"unpack    {tree.name}")
+        apply.apply_series(tree, rel.patches, log, write=not args.check)
+        if args.check:
+            log(f"check     sglang {version}: {len(rel.patches)} patches apply with zero fuzz and zero offset")
+            return None
+        files = release.overlay_files()
+        added = apply.copy_overlay(release.OVERLAY, tree, files, log)
+        touched = sorted({f for p in rel.patches for f in apply.hunks(p.read_text())})
+        repack.check_compiles(tree, touched + added)
+        repack.normalize_modes(tree)
+        repack.write_marker(tree, {
+            "upstream_version": version,
+            "upstream_artifact": name,
+            "upstream_sha256": rel.pin.artifacts[name],
+            "series_revision": rel.pin.revision,
+            "series_sha256": rel.series_sha256(),
+            "patches": [p.name for p in rel.patches],
+        })
+        staged = work / "out"
+        staged.mkdir()
+        wheel = repack.pack(tree, staged, rel.local_version)
+        log(f"repack    {wheel.name}")
+        final = args.out / wheel.name
+        try:
+            shutil.copyfile(wheel, args.out / (wheel.name + ".partial"))
+            os.replace(args.out / (wheel.name + ".partial"), final)
+        except OSError as e:
+            (args.out / (wheel.name + ".partial")).unlink(missing_ok=True)
+            raise BuildError(f"Cannot write {final}: {e.strerror}.") from None
+    log(f"done      in {time.monotonic() - t0:.1f} s")
+    return final
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    log = (lambda *a, **k: None) if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
+    try:
+        if args.list:
+            default = release.default_release()
+            for v in release.available():
+                print(f"{v}{'  (default)' if v == default else ''}")
+            return 0
+        wheel = build(args, log)
+        if wheel is not None:
+            print(wheel)
+        return 0
+    except BuildError as e:
+        print(f"build.py: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("build.py: interrupted; nothing was written.", file=sys.stderr)
+        return 130

@@ -1,0 +1,74 @@
+"""Unpack an upstream wheel, and pack the patched tree as X.Y.Z+specprof.N, byte-reproducibly."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from .errors import BuildError
+
+# Zip entries carry this time (2020-01-01) unless SOURCE_DATE_EPOCH says otherwise,
+# so two builds of the same inputs are the same bytes.
+DEFAULT_EPOCH = "1577836800"
+MARKER = "specprof.json"
+
+
+def _wheel(args: list[str], env=None) -> None:
+    proc = subprocess.run([sys.executable, "-m", "wheel", *args], capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        msg = (proc.stderr.strip() or proc.stdout.strip() or "no output").splitlines()[-1]
+        raise BuildError(f"wheel {args[0]} failed: {msg}.")
+
+
+def unpack(wheel_file: Path, dest: Path) -> Path:
+    _wheel(["unpack", "-d", str(dest), str(wheel_file)])
+    trees = [p for p in dest.iterdir() if p.is_dir()]
+    if len(trees) != 1:
+        raise BuildError(f"{wheel_file.name} did not unpack into one folder.")
+    return trees[0]
+
+
+def dist_info(tree: Path) -> Path:
+    found = [p for p in tree.iterdir() if p.name.endswith(".dist-info") and p.is_dir()]
+    if len(found) != 1:
+        raise BuildError(f"{tree.name} has {len(found)} .dist-info folders, not one.")
+    return found[0]
+
+
+def normalize_modes(tree: Path) -> None:
+    """0644 for files, 0755 for those upstream marked executable, whatever the umask."""
+    for root, dirs, files in os.walk(tree):
+        for d in dirs:
+            os.chmod(os.path.join(root, d), 0o755)
+        for f in files:
+            p = os.path.join(root, f)
+            os.chmod(p, 0o755 if os.stat(p).st_mode & 0o111 else 0o644)
+
+
+def check_compiles(tree: Path, rel_paths: list[str]) -> None:
+    for rel in rel_paths:
+        if not rel.endswith(".py"):
+            continue
+        src = (tree / rel).read_text()
+        try:
+            compile(src, rel, "exec", dont_inherit=True)
+        except SyntaxError as e:
+            raise BuildError(f"{rel} does not compile after patching (line {e.lineno}: {e.msg}).") from None
+
+
+def write_marker(tree: Path, info: dict) -> None:
+    (dist_info(tree) / MARKER).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
+
+
+def pack(tree: Path, dest: Path, local_version: str) -> Path:
+    before = set(dest.iterdir())
+    env = dict(os.environ)
+    env.setdefault("SOURCE_DATE_EPOCH", DEFAULT_EPOCH)
+    _wheel(["pack", "-d", str(dest), "--local-version", local_version, str(tree)], env=env)
+    made = [p for p in dest.iterdir() if p not in before and p.suffix == ".whl"]
+    if len(made) != 1:
+        raise BuildError("wheel pack did not write exactly one wheel.")
+    return made[0]

@@ -1,0 +1,79 @@
+"""Applying the series: exact on a pristine tree, refused when shifted or changed."""
+import pytest
+
+from specprof_build import apply, release, repack
+from specprof_build.errors import BuildError
+
+
+@pytest.fixture
+def tree(tmp_path, upstream_wheel):
+    return repack.unpack(upstream_wheel, tmp_path / "tree")
+
+
+def target_of(rel):
+    """The first file the first patch touches, and its hunks' start lines."""
+    (path, starts), *_ = apply.hunks(rel.patches[0].read_text()).items()
+    return path, starts
+
+
+def test_series_applies_to_pristine_upstream(tree, default_release):
+    path, _ = target_of(default_release)
+    before = (tree / path).read_text()
+    apply.apply_series(tree, default_release.patches, log=lambda m: None)
+    after = (tree / path).read_text()
+    assert before != after and "specprof_args" in after
+
+
+def test_check_only_leaves_the_tree_alone(tree, default_release):
+    path, _ = target_of(default_release)
+    before = (tree / path).read_text()
+    apply.apply_series(tree, default_release.patches, log=lambda m: None, write=False)
+    assert (tree / path).read_text() == before
+
+
+def test_tree_shifted_by_one_line_is_refused_naming_patch_file_hunk(tree, default_release):
+    path, _ = target_of(default_release)
+    f = tree / path
+    f.write_text("# one more line\n" + f.read_text())
+    with pytest.raises(BuildError) as e:
+        apply.apply_series(tree, default_release.patches, log=lambda m: None)
+    msg = str(e.value)
+    assert default_release.patches[0].name in msg
+    assert f"hunk #1 of {path}" in msg
+    assert "offset" in msg
+
+
+def test_changed_context_is_refused_naming_the_hunk(tree, default_release):
+    path, starts = target_of(default_release)
+    f = tree / path
+    lines = f.read_text().splitlines(keepends=True)
+    # Break the context of the second hunk only (its first line is context).
+    lines[starts[1] - 1] = "# upstream rewrote this line\n"
+    f.write_text("".join(lines))
+    with pytest.raises(BuildError) as e:
+        apply.apply_series(tree, default_release.patches, log=lambda m: None)
+    msg = str(e.value)
+    assert f"hunk #2 of {path} (at line {starts[1]}) does not apply" in msg
+    assert default_release.patches[0].name in msg
+
+
+def test_missing_file_is_named(tree, default_release):
+    path, _ = target_of(default_release)
+    (tree / path).unlink()
+    with pytest.raises(BuildError, match=f"{path} does not exist"):
+        apply.apply_series(tree, default_release.patches, log=lambda m: None)
+
+
+def test_overlay_refuses_to_overwrite_upstream(tmp_path, tree):
+    overlay = tmp_path / "overlay"
+    clash = overlay / "sglang" / "srt" / "server_args.py"
+    clash.parent.mkdir(parents=True)
+    clash.write_text("x = 1\n")
+    with pytest.raises(BuildError, match="overwrite upstream's sglang/srt/server_args.py"):
+        apply.copy_overlay(overlay, tree, release.overlay_files(overlay), log=lambda m: None)
+
+
+def test_hunk_table():
+    text = ("diff --git a/x.py b/x.py\n--- a/x.py\n+++ b/x.py\n@@ -3,2 +3,3 @@\n a\n+b\n c\n"
+            "@@ -40 +41,2 @@\n d\n+e\ndiff --git a/y.py b/y.py\n--- a/y.py\n+++ b/y.py\n@@ -7,1 +7,1 @@\n-f\n+g\n")
+    assert apply.hunks(text) == {"x.py": [3, 40], "y.py": [7]}

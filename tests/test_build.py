@@ -1,0 +1,184 @@
+"""build.py end to end, as a user runs it."""
+import json
+import os
+import subprocess
+import sys
+import venv
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, run_build
+from specprof_build import fetch, release
+from specprof_build.errors import BuildError
+
+
+def test_list_marks_the_default():
+    proc = run_build("--list")
+    assert proc.returncode == 0
+    lines = proc.stdout.splitlines()
+    assert f"{release.default_release()}  (default)" in lines
+    assert len(lines) == len(release.available())
+
+
+def test_unknown_release_is_one_sentence_without_traceback(tmp_path):
+    proc = run_build("--sglang", "0.4.0", "--out", str(tmp_path / "d"))
+    assert proc.returncode == 1
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.startswith("build.py: error: No patch series for sglang 0.4.0")
+    for v in release.available():
+        assert v in proc.stderr
+    assert "python build.py rebase --onto 0.4.0" in proc.stderr
+    assert not (tmp_path / "d").exists()
+
+
+def test_wheel_version_name_and_marker(built_wheel, default_release, upstream_wheel):
+    v = default_release.full_version
+    assert built_wheel.name.startswith(f"sglang-{v}-")
+    tags = built_wheel.name.split("-", 2)[2]
+    assert upstream_wheel.name.endswith(tags)
+    with zipfile.ZipFile(built_wheel) as z:
+        names = z.namelist()
+        marker = json.loads(z.read(f"sglang-{v}.dist-info/specprof.json"))
+        meta = z.read(f"sglang-{v}.dist-info/METADATA").decode()
+        record = z.read(f"sglang-{v}.dist-info/RECORD").decode()
+    assert not any(n.startswith("sglang-0.5.12.dist-info/") for n in names)
+    assert f"\nVersion: {v}\n" in meta
+    assert marker["upstream_version"] == default_release.version
+    assert marker["series_sha256"] == default_release.series_sha256()
+    assert marker["upstream_sha256"] == fetch.sha256_file(upstream_wheel)
+    assert "sglang/specprof/server_args.py,sha256=" in record
+    with zipfile.ZipFile(upstream_wheel) as z:
+        upstream = {n for n in z.namelist() if not n.endswith("/") and ".dist-info/" not in n}
+    assert upstream <= set(names)  # nothing upstream shipped is lost
+
+
+def test_two_builds_are_byte_identical(tmp_path, built_wheel, upstream_wheel):
+    proc = run_build("--from-wheel", str(upstream_wheel), "--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    again = Path(proc.stdout.strip())
+    assert again.read_bytes() == built_wheel.read_bytes()
+
+
+def test_build_prints_progress_and_time(tmp_path, upstream_wheel):
+    proc = run_build("--from-wheel", str(upstream_wheel), "--out", str(tmp_path))
+    for stage in ("upstream", "unpack", "apply", "overlay", "repack", "done"):
+        assert any(line.startswith(stage) for line in proc.stderr.splitlines()), stage
+    assert proc.stderr.rstrip().endswith(" s")
+
+
+def _venv_python(path):
+    venv.EnvBuilder(with_pip=True, clear=True).create(path)
+    return str(Path(path) / "bin" / "python")
+
+
+def _installed_version(py, cwd):
+    code = "import importlib.metadata as m; print(m.version('sglang'))"
+    return subprocess.run([py, "-c", code], capture_output=True, text=True, cwd=cwd, check=True).stdout.strip()
+
+
+def test_installs_with_pip_no_deps(tmp_path, built_wheel, default_release):
+    py = _venv_python(tmp_path / "venv")
+    subprocess.run([py, "-m", "pip", "install", "-q", "--no-deps", str(built_wheel)], check=True)
+    assert _installed_version(py, tmp_path) == default_release.full_version
+
+
+def test_installs_with_installer(tmp_path, built_wheel, default_release):
+    target = tmp_path / "venv"
+    venv.EnvBuilder(with_pip=False, clear=True).create(target)
+    py = str(target / "bin" / "python")
+    code = (
+        "import sys, sysconfig\n"
+        "from installer import install\n"
+        "from installer.destinations import SchemeDictionaryDestination\n"
+        "from installer.sources import WheelFile\n"
+        "dest = SchemeDictionaryDestination(sysconfig.get_paths(vars={'base': sys.argv[2], 'platbase': sys.argv[2]}),"
+        " interpreter=sys.argv[3], script_kind='posix')\n"
+        "with WheelFile.open(sys.argv[1]) as w:\n"
+        "    install(w, dest, {'INSTALLER': b'installer'})\n"
+    )
+    subprocess.run([sys.executable, "-c", code, str(built_wheel), str(target), py], check=True)
+    assert _installed_version(py, tmp_path) == default_release.full_version
+
+
+def test_check_writes_nothing(tmp_path, upstream_wheel):
+    out = tmp_path / "out"
+    proc = run_build("--check", "--from-wheel", str(upstream_wheel), "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert "zero fuzz and zero offset" in proc.stderr
+    assert proc.stdout == ""
+    assert not out.exists()
+
+
+def test_hash_mismatch_is_refused_and_leaves_the_cache_clean(tmp_path, default_release):
+    name = fetch.choose(default_release.pin)
+    wrong = release.Pin(default_release.version, 1, {name: "0" * 64})
+    cache = tmp_path / "cache"
+    with pytest.raises(BuildError, match="refusing to build"):
+        fetch.fetch(wrong, name, cache, log=lambda m: None)
+    assert list(cache.iterdir()) == []
+
+
+def test_altered_cached_file_is_checked_again(tmp_path, upstream_wheel, default_release):
+    name = upstream_wheel.name
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / name).write_bytes(upstream_wheel.read_bytes()[:-10])
+    with pytest.raises(BuildError, match="--offline forbids"):
+        fetch.fetch(default_release.pin, name, cache, offline=True, log=lambda m: None)
+    assert not (cache / name).exists()
+
+
+def test_foreign_from_wheel_is_refused(tmp_path):
+    bogus = tmp_path / "sglang-0.5.12-cp311-cp311-manylinux_2_34_x86_64.whl"
+    bogus.write_bytes(b"not a wheel")
+    proc = run_build("--from-wheel", str(bogus), "--out", str(tmp_path / "d"))
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert "is none of the 8 files pinned for sglang 0.5.12" in proc.stderr
+    assert not (tmp_path / "d").exists()
+
+
+def test_contradicting_flags(upstream_wheel, tmp_path):
+    proc = run_build("--from-wheel", str(upstream_wheel), "--python-tag", "cp312", "--out", str(tmp_path))
+    assert proc.returncode == 1 and "leave out --python-tag" in proc.stderr
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
+def test_unwritable_out_dir(tmp_path, upstream_wheel):
+    out = tmp_path / "ro"
+    out.mkdir()
+    out.chmod(0o500)
+    try:
+        proc = run_build("--from-wheel", str(upstream_wheel), "--out", str(out))
+    finally:
+        out.chmod(0o700)
+    assert proc.returncode == 1 and "Cannot write the wheel into" in proc.stderr
+    assert list(out.iterdir()) == []
+
+
+def test_out_path_that_is_a_file(tmp_path, upstream_wheel):
+    out = tmp_path / "file"
+    out.write_text("x")
+    proc = run_build("--from-wheel", str(upstream_wheel), "--out", str(out))
+    assert proc.returncode == 1 and "Cannot write the wheel into" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_choose_other_interpreter_and_platform(default_release):
+    name = fetch.choose(default_release.pin, "cp312", "manylinux_2_34_aarch64")
+    assert name == "sglang-0.5.12-cp312-cp312-manylinux_2_34_aarch64.whl"
+    with pytest.raises(BuildError, match="publishes no wheel for cp39"):
+        fetch.choose(default_release.pin, "cp39", None)
+
+
+def test_pip_arguments_select_exactly_one_artifact():
+    args = fetch._pip_args("sglang-0.5.12-cp312-cp312-manylinux_2_34_aarch64.whl", "0.5.12")
+    assert args == ["--only-binary=:all:", "--implementation", "cp", "--python-version", "3.12",
+                    "--abi", "cp312", "--platform", "manylinux_2_34_aarch64", "sglang==0.5.12"]
+
+
+def test_builds_for_another_interpreter_and_architecture(tmp_path):
+    proc = run_build("--python-tag", "cp312", "--platform", "manylinux_2_34_aarch64", "--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    assert Path(proc.stdout.strip()).name == "sglang-0.5.12+specprof.1-cp312-cp312-manylinux_2_34_aarch64.whl"

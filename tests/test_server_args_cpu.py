@@ -1,0 +1,112 @@
+"""The patched server_args, imported with CPU torch and the release's pure-Python dependencies.
+
+The interpreter with those dependencies (not SGLang) is SPECPROF_IMPORT_PYTHON if set,
+else a virtual environment made once under .cache/ from requirements-cpu-import.txt.
+The built wheel is installed into a fresh folder with --no-deps and put first on the path.
+"""
+import functools
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from conftest import ROOT
+
+REQUIREMENTS = ROOT / "tests" / "requirements-cpu-import.txt"
+
+
+@functools.lru_cache(maxsize=None)
+def import_python():
+    if os.environ.get("SPECPROF_IMPORT_PYTHON"):
+        return os.environ["SPECPROF_IMPORT_PYTHON"]
+    env = ROOT / ".cache" / "cpu-import-0.5.12"
+    py = env / "bin" / "python"
+    stamp = env / "requirements.txt"
+    if not (py.exists() and stamp.exists() and stamp.read_text() == REQUIREMENTS.read_text()):
+        subprocess.run([sys.executable, "-m", "venv", "--clear", str(env)], check=True)
+        subprocess.run([str(py), "-m", "pip", "install", "-q", "-r", str(REQUIREMENTS)], check=True)
+        stamp.write_text(REQUIREMENTS.read_text())
+    return str(py)
+
+# __post_init__ resolves the model and the GPU; on a CPU the check runs only the speculative
+# part of it, which is where the patch hooks the profiler's validation.
+SCRIPT = textwrap.dedent("""
+    import json, sys
+    from sglang.srt import server_args as s
+    from sglang.specprof.server_args import SpecProfileArgError
+    def post_init(self):
+        # Past the profiler's check, upstream resolves the draft model, which needs a GPU
+        # machine's packages and a real model; record where it stopped, if it did.
+        self.stopped_after_check = None
+        try:
+            self._handle_speculative_decoding()
+        except SpecProfileArgError:
+            raise
+        except Exception as e:
+            self.stopped_after_check = type(e).__name__
+    s.ServerArgs.__post_init__ = post_init
+    a = s.prepare_server_args(json.loads(sys.argv[1]))
+    print(json.dumps({"algo": a.speculative_algorithm, "profile": a.speculative_profile,
+                      "interval": a.speculative_profile_interval, "output": a.speculative_profile_output}))
+""")
+
+
+@pytest.fixture(scope="module")
+def site(built_wheel, tmp_path_factory):
+    target = tmp_path_factory.mktemp("site")
+    subprocess.run([import_python(), "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(built_wheel)],
+                   check=True)
+    return target
+
+
+def run(site, *argv, cwd=None):
+    env = dict(os.environ, PYTHONPATH=str(site))
+    return subprocess.run([import_python(), "-c", SCRIPT, json.dumps(list(argv))], capture_output=True, text=True,
+                          env=env, cwd=cwd, timeout=600)
+
+
+def test_help_lists_the_flags(site):
+    env = dict(os.environ, PYTHONPATH=str(site))
+    code = "import argparse; from sglang.srt.server_args import ServerArgs as S; p = argparse.ArgumentParser(); S.add_cli_args(p); p.print_help()"
+    out = subprocess.run([import_python(), "-c", code], capture_output=True, text=True, env=env, check=True).stdout
+    for flag in ("--speculative-profile", "--speculative-profile-interval", "--speculative-profile-output"):
+        assert re.search(re.escape(flag) + r"(?![-\w])", out), flag
+
+
+def test_parses_with_eagle3(site, tmp_path):
+    out = tmp_path / "prof.jsonl"
+    proc = run(site, "--model-path", "m", "--speculative-algorithm", "EAGLE3", "--speculative-profile",
+               "--speculative-profile-interval", "7", "--speculative-profile-output", str(out))
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got == {"algo": "EAGLE3", "profile": True, "interval": 7, "output": str(out)}
+    assert out.exists()  # the writability probe opened it for appending
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--speculative-profile"], "--speculative-profile needs speculative decoding"),
+    (["--speculative-profile", "--speculative-algorithm", "NGRAM"],
+     "times the EAGLE and EAGLE3 workers only, not --speculative-algorithm NGRAM"),
+    (["--speculative-profile", "--speculative-algorithm", "EAGLE3", "--speculative-profile-interval", "0"],
+     "--speculative-profile-interval must be 1 or more"),
+    (["--speculative-profile", "--speculative-algorithm", "EAGLE3", "--speculative-profile-output", "/nonexistent/p.jsonl"],
+     "the folder /nonexistent does not exist"),
+    (["--speculative-profile-output", "p.jsonl"], "only takes effect with --speculative-profile"),
+])
+def test_rejects_with_one_sentence(site, argv, says, tmp_path):
+    proc = run(site, "--model-path", "m", *argv, cwd=tmp_path)
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("sglang serve: error: ") and says in last
+    assert "usage:" not in proc.stderr  # one sentence, not the 500-line usage
+
+
+def test_no_flag_leaves_upstream_behaviour(site):
+    proc = run(site, "--model-path", "m")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"algo": None, "profile": False, "interval": 100, "output": None}
