@@ -1,0 +1,63 @@
+"""What the patched SGLang files call. `P` is the process's profiler.
+
+With --speculative-profile off, `P` stays a NullProfiler and each hook is one Python
+call that does nothing. `install()` runs once per scheduler process, from the EAGLE
+worker's constructor, before the draft CUDA graphs are captured.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from .profiler import NullProfiler
+
+logger = logging.getLogger("sglang.specprof")
+
+P = NullProfiler()
+
+
+def install(server_args, tp_rank: int = 0, worker: str = "v2") -> None:
+    global P
+    if not getattr(server_args, "speculative_profile", False):
+        P = NullProfiler()
+        return
+    try:
+        from .cuda_backend import CudaBackend
+        from .jsonl import JsonlSink
+        from .profiler import Profiler
+
+        config = {
+            "algorithm": server_args.speculative_algorithm,
+            "num_steps": server_args.speculative_num_steps,
+            "topk": server_args.speculative_eagle_topk,
+            "num_draft_tokens": server_args.speculative_num_draft_tokens,
+            "worker": worker,
+            "tp_size": getattr(server_args, "tp_size", 1),
+            "cuda_graph": not getattr(server_args, "disable_cuda_graph", False),
+        }
+        try:
+            import sglang
+
+            config["sglang"] = getattr(sglang, "__version__", None)
+        except Exception:
+            pass
+        sink = None
+        path = server_args.speculative_profile_output
+        if path:
+            if config["tp_size"] > 1:
+                stem, dot, ext = path.rpartition(".")
+                path = f"{stem}.rank{tp_rank}.{ext}" if dot else f"{path}.rank{tp_rank}"
+            sink = JsonlSink(path)
+        P = Profiler(CudaBackend(), interval=server_args.speculative_profile_interval, sink=sink,
+                     config=config, rank=tp_rank, log_table=(tp_rank == 0))
+        logger.info("speculative profile on (%s worker, window %d cycles%s)", worker,
+                    server_args.speculative_profile_interval, f", JSONL {path}" if path else "")
+    except Exception as e:
+        logger.warning("speculative profile could not start (%s: %s); serving without it.", type(e).__name__, e)
+        P = NullProfiler()
+
+
+def internal_state() -> dict:
+    """The key added to /server_info's internal_states."""
+    latest = P.latest()
+    return {"enabled": P.enabled, "latest": latest}

@@ -1,0 +1,344 @@
+"""The runtime profiler: marks at phase boundaries, harvested without waiting.
+
+A cycle is a sequence of marks. `begin(kind, bs)` records the first event, each
+`mark(name)` records one more and closes the phase `name` (from the previous mark to
+this one), `end()` queues the cycle. Events are read only once `query()` says the last
+one completed: at `harvest()`, which the worker calls where the accepted lengths have
+reached the CPU (the scheduler already waited there), so no synchronisation is added.
+
+Draft steps inside a captured CUDA graph are timed by external events recorded during
+capture (`draft_step(i)`): they become event nodes of the graph and are rewritten by
+every replay, so a replay's step times are read before the next replay of that graph.
+
+The clock and the events come from a backend (`cuda_backend.py` on the GPU, a fake in
+the tests); this module imports neither torch nor SGLang.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+
+from .window import Cycle, Window
+
+logger = logging.getLogger("sglang.specprof")
+
+MAX_MARKS = 16
+POOL = 64  # cycles in flight at most; beyond that the oldest is dropped and counted
+
+
+class _Slot:
+    __slots__ = ("events", "host", "names", "n", "kind", "bs", "graph", "steps_key", "steps_replay",
+                 "steps_ms", "seq")
+
+    def __init__(self, backend):
+        self.events = [backend.new_event() for _ in range(MAX_MARKS)]
+        self.host = [0.0] * MAX_MARKS
+        self.names: list = [None] * MAX_MARKS
+        self.reset()
+
+    def reset(self):
+        self.n = 0
+        self.kind = "decode"
+        self.bs = 0
+        self.graph = None
+        self.steps_key = None
+        self.steps_replay = -1
+        self.steps_ms = None
+        self.seq = -1
+
+
+class NullProfiler:
+    """What the hooks call when --speculative-profile is off: each method does nothing."""
+
+    enabled = False
+
+    def begin(self, kind, bs):
+        pass
+
+    def mark(self, name):
+        pass
+
+    def end(self):
+        pass
+
+    def draft_step(self, i):
+        pass
+
+    def graph(self, which, used, runner=None):
+        pass
+
+    def graph_replay(self, key):
+        pass
+
+    def capture_begin(self, key):
+        pass
+
+    def harvest(self, correct_per_req=None):
+        pass
+
+    def capture_time(self, which, bs, seconds):
+        pass
+
+    def latest(self):
+        return None
+
+
+class Profiler(NullProfiler):
+    enabled = True
+
+    def __init__(self, backend, interval=100, sink=None, config=None, clock=time.perf_counter, rank=0,
+                 log_table=True):
+        self.backend = backend
+        self.interval = interval
+        self.sink = sink  # callable(summary dict), e.g. the JSONL writer
+        self.config = dict(config or {})
+        self.clock = clock
+        self.rank = rank
+        self.log_table = log_table
+        self.free = deque(_Slot(backend) for _ in range(POOL))
+        self.pending: deque[_Slot] = deque()
+        self.cur: _Slot | None = None
+        self.prev_done: _Slot | None = None  # kept until the next cycle is read, for the gap
+        self.seq = 0
+        self.window = Window(0)
+        self.windows_done = 0
+        self.dropped = 0
+        self.steps_lost = 0
+        self.step_events: dict = {}  # graph key -> [external events recorded during capture]
+        self.capturing_key = None
+        self.replays: dict = {}  # graph key -> replay count
+        self.eager = {"draft": 0, "verify": 0, "draft_extend": 0}
+        self.capture_s: dict = {}
+        self.accept_queue: deque = deque(maxlen=POOL)
+        self._latest = None
+        self.eager_steps: list = []
+
+    # -- hot path -------------------------------------------------------------------
+    def begin(self, kind, bs):
+        try:
+            if self.cur is not None:  # a cycle that never ended (an exception upstream): discard it
+                self._recycle(self.cur)
+            if not self.free:
+                self._drop_oldest()
+            s = self.free.popleft()
+            s.reset()
+            s.kind = kind
+            s.bs = bs
+            s.seq = self.seq
+            self.seq += 1
+            self.cur = s
+            self.backend.refresh()
+            self._record(s, "begin")
+        except Exception as e:  # never take the server down
+            self._fail(e)
+
+    def mark(self, name):
+        s = self.cur
+        if s is None:
+            return
+        try:
+            if s.n < MAX_MARKS:
+                self._record(s, name)
+        except Exception as e:
+            self._fail(e)
+
+    def end(self):
+        s = self.cur
+        if s is None:
+            return
+        self.cur = None
+        self.pending.append(s)
+
+    def _record(self, s, name):
+        self.backend.record(s.events[s.n])
+        s.host[s.n] = self.clock()
+        s.names[s.n] = name
+        s.n += 1
+
+    def draft_step(self, i):
+        """Inside draft_forward: under capture, an external event node; eager, a plain event."""
+        try:
+            if self.backend.capturing():
+                key = self.capturing_key
+                if key is None:
+                    return
+                evs = self.step_events.setdefault(key, [])
+                if i == 0:
+                    evs.clear()
+                ev = self.backend.new_event(external=True)
+                self.backend.record(ev)
+                evs.append(ev)
+            else:
+                s = self.cur
+                if s is None or s.n >= MAX_MARKS:
+                    return
+                if i == 0:
+                    s.steps_key = "eager"
+                    s.steps_replay = len(self.eager_steps)
+                    s.steps_ms = []
+                self._record(s, f"step{i}")
+        except Exception as e:
+            self._fail(e)
+
+    def capture_begin(self, key):
+        self.capturing_key = key
+
+    def capture_end(self):
+        self.capturing_key = None
+
+    def graph(self, which, used, runner=None):
+        """After a forward: did `which` replay a CUDA graph, and at what padded batch size."""
+        s = self.cur
+        if s is None:
+            return
+        try:
+            if used:
+                g = s.graph if s.graph is not None else {}
+                g[which] = True
+                padded = getattr(runner, "bs", 0) or 0
+                g["padded_bs"] = max(g.get("padded_bs", 0), padded)
+                s.graph = g
+            else:
+                self.eager[which] = self.eager.get(which, 0) + 1
+        except Exception as e:
+            self._fail(e)
+
+    def graph_replay(self, key):
+        """Before a draft graph replay: read the step times of this graph's previous replay."""
+        try:
+            if key not in self.step_events:
+                return
+            self._snapshot_steps(key)
+            n = self.replays.get(key, 0) + 1
+            self.replays[key] = n
+            s = self.cur
+            if s is not None:
+                s.steps_key = key
+                s.steps_replay = n
+                s.steps_ms = None
+        except Exception as e:
+            self._fail(e)
+
+    def capture_time(self, which, bs, seconds):
+        self.capture_s.setdefault(which, {})[str(bs)] = round(seconds, 4)
+
+    # -- reading, one iteration behind ------------------------------------------------
+    def harvest(self, correct_per_req=None):
+        try:
+            if correct_per_req is not None:
+                self.accept_queue.append(list(correct_per_req))
+            while self.pending:
+                s = self.pending[0]
+                if not self.backend.query(s.events[s.n - 1]):
+                    break
+                self.pending.popleft()
+                self._read(s)
+            while self.accept_queue:
+                self.window.add_accept(self.accept_queue.popleft())
+            if self.window.decode_cycles >= self.interval:
+                self._close_window()
+        except Exception as e:
+            self._fail(e)
+
+    def _snapshot_steps(self, key):
+        """Read the step times of `key`'s last replay into the cycle that made it, if unread."""
+        for s in self.pending:
+            if s.steps_key == key and s.steps_ms is None and s.steps_replay == self.replays.get(key, 0):
+                self._read_steps(s)
+
+    def _read_steps(self, s):
+        evs = self.step_events[s.steps_key]
+        if self.backend.query(evs[-1]):
+            s.steps_ms = [self.backend.elapsed(a, b) for a, b in zip(evs, evs[1:])]
+        else:
+            s.steps_ms = []
+            self.steps_lost += 1
+
+    def _read(self, s):
+        el = self.backend.elapsed
+        ev = s.events
+        phases = []
+        steps = []
+        boundary = 0  # index of the mark that opened the current phase
+        last_step = None
+        for i in range(1, s.n):
+            name = s.names[i]
+            if name.startswith("step"):
+                # eager draft steps: step k runs from its mark to the next step mark
+                if last_step is not None:
+                    steps.append(el(ev[last_step], ev[i]))
+                last_step = i
+                continue
+            last_step = None
+            phases.append((name, el(ev[boundary], ev[i]), (s.host[i] - s.host[boundary]) * 1000.0))
+            boundary = i
+        if s.steps_key not in (None, "eager"):
+            if s.steps_ms is None and s.steps_replay == self.replays.get(s.steps_key, 0):
+                self._read_steps(s)
+            steps = s.steps_ms or []
+        gap = period = None
+        p = self.prev_done
+        if p is not None and p.seq == s.seq - 1:
+            gap = el(p.events[p.n - 1], ev[0])
+            period = (s.host[0] - p.host[0]) * 1000.0
+        c = Cycle(kind=s.kind, bs=s.bs, phases=phases, steps_gpu_ms=steps, gap_gpu_ms=gap,
+                  period_host_ms=period, graph=s.graph)
+        self.window.add_cycle(c, s.host[0], s.host[s.n - 1])
+        if p is not None:
+            self._recycle(p)
+        self.prev_done = s
+
+    def _recycle(self, s):
+        s.reset()
+        self.free.append(s)
+
+    def _drop_oldest(self):
+        if self.pending:
+            self._recycle(self.pending.popleft())
+            self.dropped += 1
+        elif self.prev_done is not None:
+            self._recycle(self.prev_done)
+            self.prev_done = None
+
+    def _close_window(self):
+        summary = self.window.summary(self.config.get("num_steps"))
+        summary.update({
+            "schema": "sglang-specprof/1",
+            "rank": self.rank,
+            "time": round(time.time(), 3),
+            "config": self.config,
+            "graphs": {"draft_replays": sum(self.replays.values()), "eager": dict(self.eager),
+                       "capture_s": self.capture_s},
+            "dropped_cycles": self.dropped,
+            "steps_lost": self.steps_lost,
+        })
+        self._latest = summary
+        self.windows_done += 1
+        self.window = Window(self.windows_done)
+        if self.log_table:
+            from .table import format_summary
+            logger.info("speculative profile\n%s", format_summary(summary))
+        if self.sink is not None:
+            self.sink(summary)
+
+    def latest(self):
+        return self._latest
+
+    # -- failure ----------------------------------------------------------------------
+    def _fail(self, e):
+        disable(f"{type(e).__name__}: {e}")
+
+
+# The process's profiler; hooks call `hooks.P.<method>`, so switching it is one assignment.
+_state = {"warned": False}
+
+
+def disable(reason: str) -> None:
+    from . import hooks
+
+    if not _state["warned"]:
+        _state["warned"] = True
+        logger.warning("speculative profile disabled after an internal error (%s); the server keeps serving.", reason)
+    hooks.P = NullProfiler()

@@ -1,0 +1,44 @@
+"""The readable table of one summary window, for the server log."""
+
+from __future__ import annotations
+
+
+def _f(x, nd=3):
+    return "-" if x is None else f"{x:.{nd}f}"
+
+
+def format_summary(s: dict) -> str:
+    cfg = s.get("config", {})
+    lines = [
+        f"window {s.get('window')} rank {s.get('rank')}: {s.get('decode_cycles')} decode cycles in "
+        f"{_f(s.get('seconds'), 2)} s, {_f(s.get('tokens_per_s'), 1)} tok/s  "
+        f"[{cfg.get('algorithm')} {cfg.get('worker')} steps={cfg.get('num_steps')} topk={cfg.get('topk')} "
+        f"draft_tokens={cfg.get('num_draft_tokens')}]"
+    ]
+    for key, b in s.get("buckets", {}).items():
+        if not b["cycles"]:
+            continue
+        acc = b["accept"]
+        pos = " ".join(_f(a, 2) for a in acc["per_position"])
+        lines.append(
+            f"  bs {key}: {b['cycles']} cycles, cycle {_f(b['cycle_gpu_ms']['mean'])} ms GPU, "
+            f"wall {_f(b['cycle_wall_ms']['mean'])} ms, accounted {_f(b['accounted'], 3)}, "
+            f"accept len {_f(acc['mean_length'], 2)} (by position {pos}), {_f(b['tokens_per_s'], 1)} tok/s"
+        )
+        lines.append(f"    {'phase':<20}{'gpu ms':>9}{'p50':>9}{'p90':>9}{'p99':>9}{'host ms':>9}{'share':>8}")
+        for name, p in b["phases"].items():
+            g, h = p["gpu_ms"], p["host_ms"]
+            share = "-" if p["share"] is None else f"{100 * p['share']:.1f}%"
+            lines.append(f"    {name:<20}{_f(g['mean']):>9}{_f(g['p50']):>9}{_f(g['p90']):>9}{_f(g['p99']):>9}"
+                         f"{_f(h['mean']):>9}{share:>8}")
+        gap = b["between_cycles_gpu_ms"]
+        lines.append(f"    {'(between cycles)':<20}{_f(gap['mean']):>9}{_f(gap['p50']):>9}{_f(gap['p90']):>9}"
+                     f"{_f(gap['p99']):>9}")
+        if b["draft_steps_gpu_ms"]:
+            steps = " ".join(_f(st["mean"]) for st in b["draft_steps_gpu_ms"])
+            lines.append(f"    draft steps gpu ms: {steps}")
+        gr = b["graph"]
+        lines.append(f"    graph replays {gr['replays']} eager {gr['eager']} padding {_f(gr['padding_mean'], 2)}")
+    if s.get("dropped_cycles") or s.get("steps_lost"):
+        lines.append(f"  dropped cycles {s.get('dropped_cycles')}, draft-step reads lost {s.get('steps_lost')}")
+    return "\n".join(lines)

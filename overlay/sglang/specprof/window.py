@@ -1,0 +1,247 @@
+"""Summary windows: per batch-size bucket statistics of timed cycles. Plain Python.
+
+A cycle arrives as a `Cycle` (phase names, GPU and host milliseconds, draft-step GPU
+milliseconds, the gap before it on the GPU, its host period); acceptance arrives as the
+number of correct drafts per request. `Window` folds them into bounded per-bucket
+accumulators and `summary()` turns them into one JSON-ready dict (the schema in
+`schema.py`).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+
+SAMPLES_PER_SERIES = 2048  # reservoir size: memory stays bounded whatever the window length
+
+
+@dataclass
+class Cycle:
+    kind: str  # "decode" or "prefill"
+    bs: int
+    phases: list[tuple[str, float, float]]  # (name, gpu_ms, host_ms), in order
+    steps_gpu_ms: list[float] = field(default_factory=list)
+    gap_gpu_ms: float | None = None  # GPU time from the previous cycle's end to this one's start
+    period_host_ms: float | None = None  # host time from the previous cycle's start to this one's
+    graph: dict | None = None  # {"draft": bool, "verify": bool, "draft_extend": bool, "padded_bs": int}
+
+
+def bucket_of(bs: int) -> str:
+    """1, 2, 3-4, 5-8, 9-16, ...: powers of two, so a bucket's cycles cost about the same."""
+    if bs <= 2:
+        return str(max(bs, 0))
+    hi = 1 << (bs - 1).bit_length()
+    lo = hi // 2 + 1
+    return f"{lo}-{hi}"
+
+
+def percentile(sorted_values: list[float], q: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default)."""
+    if not sorted_values:
+        return float("nan")
+    pos = (len(sorted_values) - 1) * q
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+
+
+class Series:
+    """Count, sum and a bounded reservoir of samples for percentiles."""
+
+    __slots__ = ("n", "total", "samples", "_rng")
+
+    def __init__(self, seed: int = 0):
+        self.n = 0
+        self.total = 0.0
+        self.samples: list[float] = []
+        self._rng = random.Random(seed)
+
+    def add(self, x: float) -> None:
+        self.n += 1
+        self.total += x
+        if len(self.samples) < SAMPLES_PER_SERIES:
+            self.samples.append(x)
+        else:
+            j = self._rng.randrange(self.n)
+            if j < SAMPLES_PER_SERIES:
+                self.samples[j] = x
+
+    @property
+    def mean(self) -> float:
+        return self.total / self.n if self.n else float("nan")
+
+    def stats(self) -> dict:
+        s = sorted(self.samples)
+        return {"mean": _r(self.mean), "p50": _r(percentile(s, 0.5)), "p90": _r(percentile(s, 0.9)),
+                "p99": _r(percentile(s, 0.99)), "n": self.n}
+
+
+def _r(x: float) -> float | None:
+    return None if x != x else round(x, 4)
+
+
+class Bucket:
+    def __init__(self):
+        self.cycles = 0
+        self.prefill_cycles = 0
+        self.order: list[str] = []
+        self.gpu: dict[str, Series] = {}
+        self.host: dict[str, Series] = {}
+        self.steps: list[Series] = []
+        self.gap = Series()
+        self.cycle_gpu = Series()
+        self.period = Series()
+        self.graph_replays = {"draft": 0, "verify": 0, "draft_extend": 0}
+        self.padding = Series()
+        self.prefill_gpu: dict[str, Series] = {}
+        # acceptance
+        self.verified_reqs = 0
+        self.accept_hist: list[int] = []
+        self.reached: list[int] = []  # reached[p]: requests whose first p drafts were all correct
+        self.committed = 0
+        self.accept_cycles = 0
+
+    def add_cycle(self, c: Cycle) -> None:
+        if c.kind == "prefill":
+            self.prefill_cycles += 1
+            for name, g, _ in c.phases:
+                self.prefill_gpu.setdefault(name, Series()).add(g)
+            return
+        self.cycles += 1
+        total = 0.0
+        for name, g, h in c.phases:
+            if name not in self.gpu:
+                self.order.append(name)
+                self.gpu[name] = Series()
+                self.host[name] = Series()
+            self.gpu[name].add(g)
+            self.host[name].add(h)
+            total += g
+        self.cycle_gpu.add(total)
+        for i, s in enumerate(c.steps_gpu_ms):
+            while len(self.steps) <= i:
+                self.steps.append(Series())
+            self.steps[i].add(s)
+        if c.gap_gpu_ms is not None and c.period_host_ms is not None:
+            self.gap.add(c.gap_gpu_ms)
+            self.period.add(c.period_host_ms)
+        if c.graph:
+            for k in self.graph_replays:
+                if c.graph.get(k):
+                    self.graph_replays[k] += 1
+            if c.graph.get("padded_bs"):
+                self.padding.add(c.graph["padded_bs"] - c.bs)
+
+    def add_accept(self, correct_per_req: list[int]) -> None:
+        self.accept_cycles += 1
+        for c in correct_per_req:
+            c = max(0, int(c))
+            while len(self.accept_hist) <= c + 1:
+                self.accept_hist.append(0)
+            self.accept_hist[c + 1] += 1  # accept length = correct drafts + the bonus token
+            while len(self.reached) <= c:
+                self.reached.append(0)
+            for p in range(c + 1):
+                self.reached[p] += 1
+            self.committed += c + 1
+            self.verified_reqs += 1
+
+    def summary(self, num_steps: int | None, window_host_s: float) -> dict:
+        phases = {}
+        mean_cycle = self.cycle_gpu.mean
+        for name in self.order:
+            g = self.gpu[name]
+            phases[name] = {"gpu_ms": g.stats(), "host_ms": self.host[name].stats(),
+                            "share": _r(g.mean / mean_cycle) if mean_cycle == mean_cycle and mean_cycle > 0 else None}
+        positions = max(len(self.reached) - 1, num_steps or 0)
+        per_position = []  # a_p: P(draft p correct | drafts 1..p-1 correct)
+        for p in range(1, positions + 1):
+            prev = self.reached[p - 1] if p - 1 < len(self.reached) else 0
+            cur = self.reached[p] if p < len(self.reached) else 0
+            per_position.append(_r(cur / prev) if prev else None)
+        n = self.verified_reqs
+        mean_len = self.committed / n if n else float("nan")
+        period = self.period.mean
+        accounted = None
+        if self.period.n and period > 0:
+            accounted = _r((mean_cycle + self.gap.mean) / period)
+        return {
+            "cycles": self.cycles,
+            "prefill_cycles": self.prefill_cycles,
+            "phases": phases,
+            "draft_steps_gpu_ms": [s.stats() for s in self.steps],
+            "cycle_gpu_ms": self.cycle_gpu.stats(),
+            "between_cycles_gpu_ms": self.gap.stats(),
+            "cycle_wall_ms": self.period.stats(),
+            "accounted": accounted,
+            "prefill_phases_gpu_ms": {k: v.stats() for k, v in self.prefill_gpu.items()},
+            "graph": {"replays": dict(self.graph_replays), "eager": {k: self.cycles - v for k, v in self.graph_replays.items()},
+                      "padding_mean": _r(self.padding.mean)},
+            "accept": {
+                "verified_requests": n,
+                "mean_length": _r(mean_len),
+                "histogram": list(self.accept_hist),
+                "per_position": per_position,
+                "committed_tokens": self.committed,
+                "tokens_per_cycle": _r(self.committed / self.accept_cycles) if self.accept_cycles else None,
+            },
+            "tokens_per_s": _r(self.committed / self.busy_seconds(window_host_s)) if self.busy_seconds(window_host_s) > 0 else None,
+        }
+
+    def busy_seconds(self, fallback: float) -> float:
+        """Host time this bucket's decode cycles took: cycles times the mean cycle period."""
+        if self.period.n:
+            return self.cycles * self.period.mean / 1000.0
+        return fallback
+
+
+class Window:
+    """One summary window: cycles and acceptance per batch-size bucket."""
+
+    def __init__(self, index: int = 0):
+        self.index = index
+        self.buckets: dict[str, Bucket] = {}
+        self.decode_cycles = 0
+        self.first_host_s: float | None = None
+        self.last_host_s: float | None = None
+
+    def bucket(self, bs: int) -> Bucket:
+        key = bucket_of(bs)
+        b = self.buckets.get(key)
+        if b is None:
+            b = self.buckets[key] = Bucket()
+        return b
+
+    def add_cycle(self, c: Cycle, start_host_s: float | None = None, end_host_s: float | None = None) -> None:
+        self.bucket(c.bs).add_cycle(c)
+        if c.kind == "decode":
+            self.decode_cycles += 1
+        if start_host_s is not None and self.first_host_s is None:
+            self.first_host_s = start_host_s
+        if end_host_s is not None:
+            self.last_host_s = end_host_s
+
+    def add_accept(self, correct_per_req: list[int]) -> None:
+        if correct_per_req:
+            self.bucket(len(correct_per_req)).add_accept(correct_per_req)
+
+    @property
+    def host_seconds(self) -> float:
+        if self.first_host_s is None or self.last_host_s is None:
+            return 0.0
+        return max(0.0, self.last_host_s - self.first_host_s)
+
+    def summary(self, num_steps: int | None = None) -> dict:
+        secs = self.host_seconds
+        buckets = {}
+        for key in sorted(self.buckets, key=lambda k: int(k.split("-")[0])):
+            b = self.buckets[key]
+            # Tokens/s of a bucket: its committed tokens over the time its own cycles took.
+            share = (b.cycles / self.decode_cycles) if self.decode_cycles else 0.0
+            buckets[key] = b.summary(num_steps, secs * share)
+        committed = sum(b.committed for b in self.buckets.values())
+        busy = sum(b.busy_seconds(secs * (b.cycles / self.decode_cycles if self.decode_cycles else 0.0))
+                   for b in self.buckets.values())
+        return {"window": self.index, "decode_cycles": self.decode_cycles, "seconds": _r(busy),
+                "tokens_per_s": _r(committed / busy) if busy > 0 else None, "buckets": buckets}

@@ -1,0 +1,140 @@
+#!/usr/bin/env python3
+"""Start a --speculative-profile server on dummy models, load it, and check what it reports.
+
+    python tests/gpu/serve_check.py --out DIR [--shape 8b|tiny] [--topk 1] [--concurrency 1 4]
+
+Needs an NVIDIA GPU and an installed sglang-X.Y.Z+specprof.N. Writes into DIR the server
+log, the profile JSONL, /server_info's profile key, and check.json: client tokens/s per
+concurrency next to what the profiler reported, and the accounting of each window.
+"""
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+SHAPES = {
+    "8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+               num_key_value_heads=8, vocab_size=128256),
+    "tiny": dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=8, num_attention_heads=16,
+                 num_key_value_heads=4, vocab_size=32000),
+}
+
+
+def write_models(root, shape):
+    s = SHAPES[shape]
+    base = dict(s, hidden_act="silu", max_position_embeddings=8192, rms_norm_eps=1e-5, rope_theta=500000.0,
+                torch_dtype="bfloat16", tie_word_embeddings=False, bos_token_id=1, eos_token_id=2)
+    target = os.path.join(root, "target")
+    draft = os.path.join(root, "draft")
+    os.makedirs(target, exist_ok=True)
+    os.makedirs(draft, exist_ok=True)
+    with open(os.path.join(target, "config.json"), "w") as f:
+        json.dump(dict(base, architectures=["LlamaForCausalLM"], model_type="llama"), f)
+    L = s["num_hidden_layers"]
+    with open(os.path.join(draft, "config.json"), "w") as f:
+        json.dump(dict(base, architectures=["LlamaForCausalLMEagle3"], model_type="llama", num_hidden_layers=1,
+                       draft_vocab_size=s["vocab_size"], target_hidden_size=s["hidden_size"],
+                       eagle_config={"eagle_aux_hidden_state_layer_ids": [1, L // 2 - 1, L - 4]}), f)
+    return target, draft
+
+
+def get(url, data=None, timeout=600):
+    req = urllib.request.Request(url, data=None if data is None else json.dumps(data).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return json.loads(r.read())
+
+
+def load(port, concurrency, new_tokens):
+    results = []
+
+    def one(i):
+        ids = [100 + (i * 7 + j) % 1000 for j in range(64)]
+        out = get(f"http://127.0.0.1:{port}/generate", {"input_ids": ids, "sampling_params": {
+            "max_new_tokens": new_tokens, "temperature": 0, "ignore_eos": True}})
+        results.append(len(out["output_ids"]))
+
+    t = time.perf_counter()
+    th = [threading.Thread(target=one, args=(i,)) for i in range(concurrency)]
+    [x.start() for x in th]
+    [x.join() for x in th]
+    return sum(results), time.perf_counter() - t
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--shape", default="8b", choices=SHAPES)
+    ap.add_argument("--topk", type=int, default=1)
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--draft-tokens", type=int, default=4)
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4])
+    ap.add_argument("--new-tokens", type=int, default=1024)
+    ap.add_argument("--port", type=int, default=30111)
+    ap.add_argument("--extra", default="", help="more server flags")
+    a = ap.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    target, draft = write_models(os.path.join(a.out, "models"), a.shape)
+    prof = os.path.join(a.out, "profile.jsonl")
+    if os.path.exists(prof):
+        os.remove(prof)
+    cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", target, "--load-format", "dummy",
+           "--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", draft,
+           "--speculative-draft-load-format", "dummy", "--speculative-num-steps", str(a.steps),
+           "--speculative-eagle-topk", str(a.topk), "--speculative-num-draft-tokens", str(a.draft_tokens),
+           "--attention-backend", "triton", "--sampling-backend", "pytorch", "--grammar-backend", "none",
+           "--skip-tokenizer-init", "--cuda-graph-max-bs", "4", "--disable-piecewise-cuda-graph",
+           "--mem-fraction-static", "0.6", "--port", str(a.port), "--speculative-profile",
+           "--speculative-profile-output", prof, "--speculative-profile-interval", "100", *a.extra.split()]
+    env = dict(os.environ, SGLANG_SIMULATE_ACC_LEN=os.environ.get("SGLANG_SIMULATE_ACC_LEN", "3.0"))
+    log = open(os.path.join(a.out, "server.log"), "w")
+    t0 = time.time()
+    srv = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    check = {"command": " ".join(cmd), "runs": []}
+    try:
+        while True:
+            if srv.poll() is not None:
+                raise SystemExit(f"server exited with {srv.returncode}; see server.log")
+            try:
+                get(f"http://127.0.0.1:{a.port}/health_generate", timeout=5) if False else urllib.request.urlopen(
+                    f"http://127.0.0.1:{a.port}/health", timeout=5)
+                break
+            except Exception:
+                time.sleep(2)
+        check["startup_s"] = round(time.time() - t0, 1)
+        load(a.port, 1, 64)  # warm up
+        for c in a.concurrency:
+            lines_before = sum(1 for _ in open(prof)) if os.path.exists(prof) else 0
+            tokens, secs = load(a.port, c, a.new_tokens)
+            time.sleep(1)
+            check["runs"].append({"concurrency": c, "tokens": tokens, "seconds": round(secs, 3),
+                                  "client_tok_s": round(tokens / secs, 1), "profile_lines_before": lines_before})
+        info = get(f"http://127.0.0.1:{a.port}/server_info")
+        states = info.get("internal_states", [{}])
+        with open(os.path.join(a.out, "server_info_profile.json"), "w") as f:
+            json.dump([s.get("speculative_profile") for s in states], f, indent=1)
+    finally:
+        os.killpg(srv.pid, signal.SIGTERM)
+        try:
+            srv.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(srv.pid, signal.SIGKILL)
+    windows = [json.loads(l) for l in open(prof)] if os.path.exists(prof) else []
+    check["windows"] = [{"window": w["window"], "tok_s": w["tokens_per_s"], "buckets": {
+        k: {"cycles": b["cycles"], "accounted": b["accounted"], "accept": b["accept"]["mean_length"],
+            "per_position": b["accept"]["per_position"], "tok_s": b["tokens_per_s"],
+            "cycle_gpu_ms": b["cycle_gpu_ms"]["mean"], "wall_ms": b["cycle_wall_ms"]["mean"],
+            "steps": [s["mean"] for s in b["draft_steps_gpu_ms"]], "graph": b["graph"]}
+        for k, b in w["buckets"].items()}} for w in windows]
+    with open(os.path.join(a.out, "check.json"), "w") as f:
+        json.dump(check, f, indent=1)
+    print(json.dumps(check, indent=1))
+
+
+if __name__ == "__main__":
+    main()
