@@ -45,6 +45,10 @@ class FakeBackend:
         if self.hold:
             self.held.append(ev)
 
+    def record_captured(self, ev):
+        assert self.capture, "record_captured outside a capture"
+        self.record(ev)
+
     def release(self):
         for ev in self.held:
             ev.done = True

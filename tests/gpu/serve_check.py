@@ -92,10 +92,15 @@ def main():
            "--mem-fraction-static", "0.6", "--port", str(a.port), "--speculative-profile",
            "--speculative-profile-output", prof, "--speculative-profile-interval", "100", *a.extra.split()]
     env = dict(os.environ, SGLANG_SIMULATE_ACC_LEN=os.environ.get("SGLANG_SIMULATE_ACC_LEN", "3.0"))
+    # The flag with a non-EAGLE algorithm: one sentence, exit status 2, before any GPU work.
+    bad = subprocess.run([sys.executable, "-m", "sglang.launch_server", "--model-path", target, "--load-format",
+                          "dummy", "--speculative-profile", "--speculative-algorithm", "NGRAM"],
+                         capture_output=True, text=True, env=env, timeout=300)
+    rejected = {"returncode": bad.returncode, "last_line": (bad.stderr.strip().splitlines() or [""])[-1]}
     log = open(os.path.join(a.out, "server.log"), "w")
     t0 = time.time()
     srv = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    check = {"command": " ".join(cmd), "runs": []}
+    check = {"command": " ".join(cmd), "runs": [], "ngram_rejected": rejected}
     try:
         while True:
             if srv.poll() is not None:
@@ -107,13 +112,20 @@ def main():
             except Exception:
                 time.sleep(2)
         check["startup_s"] = round(time.time() - t0, 1)
-        load(a.port, 1, 64)  # warm up
         for c in a.concurrency:
-            lines_before = sum(1 for _ in open(prof)) if os.path.exists(prof) else 0
+            load(a.port, c, 64)  # warm up this batch size (Triton compiles new shapes on first use)
+            start = time.time()
             tokens, secs = load(a.port, c, a.new_tokens)
+            end = time.time()
             time.sleep(1)
             check["runs"].append({"concurrency": c, "tokens": tokens, "seconds": round(secs, 3),
-                                  "client_tok_s": round(tokens / secs, 1), "profile_lines_before": lines_before})
+                                  "client_tok_s": round(tokens / secs, 1), "start": start, "end": end})
+        if "--enable-metrics" in a.extra:
+            with urllib.request.urlopen(f"http://127.0.0.1:{a.port}/metrics", timeout=30) as r:
+                metrics = [l for l in r.read().decode().splitlines() if "specprof" in l and not l.startswith("#")]
+            with open(os.path.join(a.out, "metrics.txt"), "w") as f:
+                f.write("\n".join(metrics) + "\n")
+            check["metrics_lines"] = len(metrics)
         info = get(f"http://127.0.0.1:{a.port}/server_info")
         states = info.get("internal_states", [{}])
         with open(os.path.join(a.out, "server_info_profile.json"), "w") as f:
@@ -126,11 +138,22 @@ def main():
             os.killpg(srv.pid, signal.SIGKILL)
     windows = [json.loads(l) for l in open(prof)] if os.path.exists(prof) else []
     check["windows"] = [{"window": w["window"], "tok_s": w["tokens_per_s"], "buckets": {
-        k: {"cycles": b["cycles"], "accounted": b["accounted"], "accept": b["accept"]["mean_length"],
+        k: {"cycles": b["cycles"], "accounted": b["accounted"],
+            "phases_gpu_ms": {n: p["gpu_ms"]["mean"] for n, p in b["phases"].items()},
+            "between_cycles_ms": b["between_cycles_gpu_ms"]["mean"], "accept": b["accept"]["mean_length"],
             "per_position": b["accept"]["per_position"], "tok_s": b["tokens_per_s"],
             "cycle_gpu_ms": b["cycle_gpu_ms"]["mean"], "wall_ms": b["cycle_wall_ms"]["mean"],
             "steps": [s["mean"] for s in b["draft_steps_gpu_ms"]], "graph": b["graph"]}
         for k, b in w["buckets"].items()}} for w in windows]
+    # Tokens/s: the client's, against the profiler's over the windows that lie inside the run.
+    for run in check["runs"]:
+        inside = [w for w in windows if w["time"] - (w.get("wall_seconds") or 0) >= run["start"]
+                  and w["time"] <= run["end"] + 0.5]
+        committed = sum(b["accept"]["committed_tokens"] for w in inside for b in w["buckets"].values())
+        busy = sum(w["seconds"] or 0 for w in inside)
+        run["profile_windows"] = [w["window"] for w in inside]
+        run["profile_tok_s"] = round(committed / busy, 1) if busy else None
+        run["ratio"] = round(run["profile_tok_s"] / run["client_tok_s"], 4) if busy else None
     with open(os.path.join(a.out, "check.json"), "w") as f:
         json.dump(check, f, indent=1)
     print(json.dumps(check, indent=1))

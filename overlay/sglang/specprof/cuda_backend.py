@@ -23,6 +23,10 @@ class CudaBackend:
         # looks the current stream up each time.
         event.record(self.stream)
 
+    def record_captured(self, event) -> None:
+        """During graph capture: on the capturing stream, which becomes an event node."""
+        event.record()
+
     def query(self, event) -> bool:
         return event.query()
 

@@ -8,6 +8,7 @@ worker's constructor, before the draft CUDA graphs are captured.
 from __future__ import annotations
 
 import logging
+import os
 
 from .profiler import NullProfiler
 
@@ -41,15 +42,30 @@ def install(server_args, tp_rank: int = 0, worker: str = "v2") -> None:
             config["sglang"] = getattr(sglang, "__version__", None)
         except Exception:
             pass
-        sink = None
+        sinks = []
         path = server_args.speculative_profile_output
         if path:
             if config["tp_size"] > 1:
                 stem, dot, ext = path.rpartition(".")
                 path = f"{stem}.rank{tp_rank}.{ext}" if dot else f"{path}.rank{tp_rank}"
-            sink = JsonlSink(path)
-        P = Profiler(CudaBackend(), interval=server_args.speculative_profile_interval, sink=sink,
-                     config=config, rank=tp_rank, log_table=(tp_rank == 0))
+            sinks.append(JsonlSink(path))
+        if getattr(server_args, "enable_metrics", False):
+            try:
+                from .metrics import MetricsSink
+
+                sinks.append(MetricsSink({"tp_rank": tp_rank}))
+            except Exception as e:
+                logger.warning("speculative profile: no Prometheus gauges (%s: %s).", type(e).__name__, e)
+        exchange = None
+        if config["tp_size"] > 1:
+            import tempfile
+
+            from .ranks import RankExchange
+
+            folder = os.path.join(tempfile.gettempdir(), f"sglang-specprof-{getattr(server_args, 'port', 0)}")
+            exchange = RankExchange(folder, tp_rank, config["tp_size"])
+        P = Profiler(CudaBackend(), interval=server_args.speculative_profile_interval, sink=sinks,
+                     config=config, rank=tp_rank, log_table=(tp_rank == 0), exchange=exchange)
         logger.info("speculative profile on (%s worker, window %d cycles%s)", worker,
                     server_args.speculative_profile_interval, f", JSONL {path}" if path else "")
     except Exception as e:

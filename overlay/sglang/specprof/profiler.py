@@ -89,14 +89,16 @@ class Profiler(NullProfiler):
     enabled = True
 
     def __init__(self, backend, interval=100, sink=None, config=None, clock=time.perf_counter, rank=0,
-                 log_table=True):
+                 log_table=True, exchange=None):
         self.backend = backend
         self.interval = interval
-        self.sink = sink  # callable(summary dict), e.g. the JSONL writer
+        # callables given each window's summary: the JSONL writer, the Prometheus gauges
+        self.sinks = [] if sink is None else list(sink) if isinstance(sink, (list, tuple)) else [sink]
         self.config = dict(config or {})
         self.clock = clock
         self.rank = rank
         self.log_table = log_table
+        self.exchange = exchange  # ranks.RankExchange with tp > 1
         self.free = deque(_Slot(backend) for _ in range(POOL))
         self.pending: deque[_Slot] = deque()
         self.cur: _Slot | None = None
@@ -118,8 +120,12 @@ class Profiler(NullProfiler):
     # -- hot path -------------------------------------------------------------------
     def begin(self, kind, bs):
         try:
+            if self.capturing_key is not None:
+                self._capture_done()
             if self.cur is not None:  # a cycle that never ended (an exception upstream): discard it
                 self._recycle(self.cur)
+            if not self.free:
+                self._read_completed()
             if not self.free:
                 self._drop_oldest()
             s = self.free.popleft()
@@ -168,7 +174,7 @@ class Profiler(NullProfiler):
                 if i == 0:
                     evs.clear()
                 ev = self.backend.new_event(external=True)
-                self.backend.record(ev)
+                self.backend.record_captured(ev)
                 evs.append(ev)
             else:
                 s = self.cur
@@ -183,10 +189,16 @@ class Profiler(NullProfiler):
             self._fail(e)
 
     def capture_begin(self, key):
+        """The draft graph runner starts capturing the graph `key` (its id and batch size)."""
+        self._capture_done()
         self.capturing_key = key
+        self._capture_t0 = self.clock()
 
-    def capture_end(self):
-        self.capturing_key = None
+    def _capture_done(self):
+        if self.capturing_key is not None:
+            bs = self.capturing_key[1] if isinstance(self.capturing_key, tuple) else self.capturing_key
+            self.capture_time("draft", bs, self.clock() - self._capture_t0)
+            self.capturing_key = None
 
     def graph(self, which, used, runner=None):
         """After a forward: did `which` replay a CUDA graph, and at what padded batch size."""
@@ -229,18 +241,21 @@ class Profiler(NullProfiler):
         try:
             if correct_per_req is not None:
                 self.accept_queue.append(list(correct_per_req))
-            while self.pending:
-                s = self.pending[0]
-                if not self.backend.query(s.events[s.n - 1]):
-                    break
-                self.pending.popleft()
-                self._read(s)
+            self._read_completed()
             while self.accept_queue:
                 self.window.add_accept(self.accept_queue.popleft())
             if self.window.decode_cycles >= self.interval:
                 self._close_window()
         except Exception as e:
             self._fail(e)
+
+    def _read_completed(self):
+        while self.pending:
+            s = self.pending[0]
+            if not self.backend.query(s.events[s.n - 1]):
+                break
+            self.pending.popleft()
+            self._read(s)
 
     def _snapshot_steps(self, key):
         """Read the step times of `key`'s last replay into the cycle that made it, if unread."""
@@ -280,7 +295,9 @@ class Profiler(NullProfiler):
             steps = s.steps_ms or []
         gap = period = None
         p = self.prev_done
-        if p is not None and p.seq == s.seq - 1:
+        # The period of a decode cycle runs from the start of the decode cycle just before it;
+        # after a prefill, or after the server sat idle, there is none to measure.
+        if p is not None and p.seq == s.seq - 1 and p.kind == "decode":
             gap = el(p.events[p.n - 1], ev[0])
             period = (s.host[0] - p.host[0]) * 1000.0
         c = Cycle(kind=s.kind, bs=s.bs, phases=phases, steps_gpu_ms=steps, gap_gpu_ms=gap,
@@ -314,21 +331,36 @@ class Profiler(NullProfiler):
             "dropped_cycles": self.dropped,
             "steps_lost": self.steps_lost,
         })
-        self._latest = summary
         self.windows_done += 1
         self.window = Window(self.windows_done)
+        if self.exchange is not None:
+            try:
+                self.exchange.publish(summary)
+                if self.rank == 0:
+                    summary["ranks"] = self.exchange.collect(summary)
+            except OSError as e:
+                logger.warning("speculative profile: rank exchange in %s failed (%s); no spread across ranks.",
+                               self.exchange.folder, e.strerror)
+                self.exchange = None
+        self._latest = summary
         if self.log_table:
             from .table import format_summary
             logger.info("speculative profile\n%s", format_summary(summary))
-        if self.sink is not None:
-            self.sink(summary)
+        for sink in list(self.sinks):
+            try:
+                sink(summary)
+            except Exception as e:  # a broken output must not stop the profiler
+                self.sinks.remove(sink)
+                logger.warning("speculative profile: %s failed (%s: %s) and is switched off.",
+                               type(sink).__name__, type(e).__name__, e)
 
     def latest(self):
         return self._latest
 
     # -- failure ----------------------------------------------------------------------
     def _fail(self, e):
-        disable(f"{type(e).__name__}: {e}")
+        first = (str(e).strip().splitlines() or [""])[0]
+        disable(f"{type(e).__name__}: {first}")
 
 
 # The process's profiler; hooks call `hooks.P.<method>`, so switching it is one assignment.

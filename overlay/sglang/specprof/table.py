@@ -39,6 +39,16 @@ def format_summary(s: dict) -> str:
             lines.append(f"    draft steps gpu ms: {steps}")
         gr = b["graph"]
         lines.append(f"    graph replays {gr['replays']} eager {gr['eager']} padding {_f(gr['padding_mean'], 2)}")
+        slow = [n for n, p in b["phases"].items() if p["host_ms"]["mean"] is not None and p["gpu_ms"]["mean"]
+                is not None and p["host_ms"]["mean"] > p["gpu_ms"]["mean"] + 0.05]
+        if slow:
+            lines.append(f"    host-bound (host time above GPU time): {', '.join(slow)}")
+    ranks = s.get("ranks")
+    if ranks:
+        for key, phases in ranks["buckets"].items():
+            worst = sorted(phases.items(), key=lambda kv: -kv[1]["spread"])[:3]
+            parts = ", ".join(f"{n} {_f(p['spread'])} ms (rank {p['slowest_rank']} slowest)" for n, p in worst)
+            lines.append(f"  across ranks {ranks['ranks']} (window {ranks['window']}), bs {key}, max-min: {parts}")
     if s.get("dropped_cycles") or s.get("steps_lost"):
         lines.append(f"  dropped cycles {s.get('dropped_cycles')}, draft-step reads lost {s.get('steps_lost')}")
     return "\n".join(lines)

@@ -147,7 +147,7 @@ class Bucket:
             self.committed += c + 1
             self.verified_reqs += 1
 
-    def summary(self, num_steps: int | None, window_host_s: float) -> dict:
+    def summary(self, num_steps: int | None) -> dict:
         phases = {}
         mean_cycle = self.cycle_gpu.mean
         for name in self.order:
@@ -186,14 +186,18 @@ class Bucket:
                 "committed_tokens": self.committed,
                 "tokens_per_cycle": _r(self.committed / self.accept_cycles) if self.accept_cycles else None,
             },
-            "tokens_per_s": _r(self.committed / self.busy_seconds(window_host_s)) if self.busy_seconds(window_host_s) > 0 else None,
+            "tokens_per_s": _r(self.tokens_per_s()),
         }
 
-    def busy_seconds(self, fallback: float) -> float:
-        """Host time this bucket's decode cycles took: cycles times the mean cycle period."""
-        if self.period.n:
-            return self.cycles * self.period.mean / 1000.0
-        return fallback
+    def busy_seconds(self) -> float:
+        """Host seconds this bucket's verified cycles took, at the mean measured cycle period."""
+        if not self.period.n or not self.accept_cycles:
+            return 0.0
+        return self.accept_cycles * self.period.mean / 1000.0
+
+    def tokens_per_s(self) -> float:
+        busy = self.busy_seconds()
+        return self.committed / busy if busy > 0 else float("nan")
 
 
 class Window:
@@ -233,15 +237,11 @@ class Window:
         return max(0.0, self.last_host_s - self.first_host_s)
 
     def summary(self, num_steps: int | None = None) -> dict:
-        secs = self.host_seconds
-        buckets = {}
-        for key in sorted(self.buckets, key=lambda k: int(k.split("-")[0])):
-            b = self.buckets[key]
-            # Tokens/s of a bucket: its committed tokens over the time its own cycles took.
-            share = (b.cycles / self.decode_cycles) if self.decode_cycles else 0.0
-            buckets[key] = b.summary(num_steps, secs * share)
-        committed = sum(b.committed for b in self.buckets.values())
-        busy = sum(b.busy_seconds(secs * (b.cycles / self.decode_cycles if self.decode_cycles else 0.0))
-                   for b in self.buckets.values())
+        """Tokens/s: committed tokens over the time the decode cycles took (idle time excluded)."""
+        buckets = {key: self.buckets[key].summary(num_steps)
+                   for key in sorted(self.buckets, key=lambda k: int(k.split("-")[0]))}
+        committed = sum(b.committed for b in self.buckets.values() if b.busy_seconds() > 0)
+        busy = sum(b.busy_seconds() for b in self.buckets.values())
         return {"window": self.index, "decode_cycles": self.decode_cycles, "seconds": _r(busy),
+                "wall_seconds": _r(self.host_seconds),
                 "tokens_per_s": _r(committed / busy) if busy > 0 else None, "buckets": buckets}

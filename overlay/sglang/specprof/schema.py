@@ -1,0 +1,108 @@
+"""The profile JSONL: one summary window per line. Plain Python.
+
+Schema "sglang-specprof/1" (docs/profile-schema.md has every field):
+
+    schema, window, rank, time, config{...}, decode_cycles, seconds, wall_seconds,
+    tokens_per_s, buckets{"<bs bucket>": bucket}, graphs{...}, dropped_cycles,
+    steps_lost, [ranks{...}]
+
+A reader takes each line on its own; a line cut short by a killed process is reported
+with its number and skipped by `read(..., skip_torn=True)`.
+"""
+
+from __future__ import annotations
+
+import json
+
+SCHEMA = "sglang-specprof/1"
+
+_TOP = {
+    "schema": str, "window": int, "rank": int, "time": (int, float), "config": dict,
+    "decode_cycles": int, "seconds": (int, float, type(None)), "tokens_per_s": (int, float, type(None)),
+    "buckets": dict, "graphs": dict, "dropped_cycles": int, "steps_lost": int,
+}
+_BUCKET = {
+    "cycles": int, "prefill_cycles": int, "phases": dict, "draft_steps_gpu_ms": list, "cycle_gpu_ms": dict,
+    "between_cycles_gpu_ms": dict, "cycle_wall_ms": dict, "accept": dict, "graph": dict,
+}
+_STATS = ("mean", "p50", "p90", "p99", "n")
+_ACCEPT = {"verified_requests": int, "mean_length": (int, float, type(None)), "histogram": list,
+           "per_position": list, "committed_tokens": int}
+
+
+class ProfileError(ValueError):
+    """A line that is not a profile window; the message names the line."""
+
+
+def _type_name(t):
+    if isinstance(t, tuple):
+        return " or ".join(x.__name__ for x in t)
+    return t.__name__
+
+
+def problems(obj) -> list[str]:
+    """What makes `obj` not a valid window (empty: valid)."""
+    if not isinstance(obj, dict):
+        return ["not a JSON object"]
+    out = []
+    if obj.get("schema") != SCHEMA:
+        return [f"schema is {obj.get('schema')!r}, not {SCHEMA!r}"]
+    for key, t in _TOP.items():
+        if key not in obj:
+            out.append(f"missing {key}")
+        elif isinstance(obj[key], bool) or not isinstance(obj[key], t):
+            out.append(f"{key} is not {_type_name(t)}")
+    for name, b in (obj.get("buckets") or {}).items() if isinstance(obj.get("buckets"), dict) else []:
+        if not isinstance(b, dict):
+            out.append(f"bucket {name} is not an object")
+            continue
+        for key, t in _BUCKET.items():
+            if key not in b or not isinstance(b[key], t):
+                out.append(f"bucket {name}: {key} missing or not {_type_name(t)}")
+        for phase, p in (b.get("phases") or {}).items() if isinstance(b.get("phases"), dict) else []:
+            for side in ("gpu_ms", "host_ms"):
+                st = p.get(side) if isinstance(p, dict) else None
+                if not isinstance(st, dict) or any(k not in st for k in _STATS):
+                    out.append(f"bucket {name}: phase {phase} has no {side} statistics")
+        acc = b.get("accept")
+        if isinstance(acc, dict):
+            for key, t in _ACCEPT.items():
+                if key not in acc or not isinstance(acc[key], t):
+                    out.append(f"bucket {name}: accept.{key} missing or not {_type_name(t)}")
+    return out
+
+
+def parse_line(text: str, where: str = "line") -> dict:
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ProfileError(f"{where} is not JSON ({e.msg} at column {e.colno}); the file may be cut short "
+                           f"or not a profile.") from None
+    bad = problems(obj)
+    if bad:
+        raise ProfileError(f"{where} is not a {SCHEMA} window: {'; '.join(bad[:3])}.")
+    return obj
+
+
+def read(path: str, skip_torn: bool = False) -> tuple[list[dict], list[str]]:
+    """All windows of a profile file, and one note per line skipped (torn last line only)."""
+    windows, notes = [], []
+    with open(path, encoding="utf-8", errors="replace") as f:
+        data = f.read()
+    lines = data.split("\n")
+    complete = data.endswith("\n")  # the writer ends every window with a newline
+    if complete:
+        lines.pop()
+    for n, text in enumerate(lines, 1):
+        if not text.strip():
+            continue
+        where = f"{path} line {n}"
+        try:
+            windows.append(parse_line(text, where))
+        except ProfileError as e:
+            torn = n == len(lines) and not complete
+            if skip_torn and torn:
+                notes.append(f"{where} is cut short (the server stopped mid-write); skipped.")
+                continue
+            raise e
+    return windows, notes

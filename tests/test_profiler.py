@@ -1,0 +1,413 @@
+"""The timing subsystem on the CPU: fake events on a fake clock, the real profiler code."""
+import json
+import logging
+import multiprocessing
+import tracemalloc
+
+import pytest
+
+from fakes import FakeBackend
+from sglang.specprof import hooks, profiler as profiler_mod, schema
+from sglang.specprof.jsonl import JsonlSink
+from sglang.specprof.profiler import POOL, NullProfiler, Profiler
+from sglang.specprof.ranks import RankExchange
+from sglang.specprof.table import format_summary
+from sglang.specprof.window import Series, bucket_of, percentile
+
+PHASES = [("draft_prep", 0.5), ("draft", 0.7), ("tree", 0.1), ("verify", 6.0), ("accept", 0.3), ("draft_extend", 1.0)]
+
+
+def run_cycle(p, b, bs=1, correct=None, phases=PHASES, gap=0.4, steps=(0.2, 0.2, 0.2), host_scale=1.0,
+              harvest=True):
+    p.begin("decode", bs)
+    for name, ms in phases:
+        if name == "draft" and steps:
+            b.advance(ms - sum(steps), (ms - sum(steps)) * host_scale)
+            for i, st in enumerate(steps):
+                p.draft_step(i)
+                b.advance(st, st * host_scale)
+            p.draft_step(len(steps))
+        else:
+            b.advance(ms, ms * host_scale)
+        p.mark(name)
+    p.end()
+    b.advance(gap, gap * host_scale)
+    if harvest:
+        p.harvest([2] * bs if correct is None else correct)
+
+
+@pytest.fixture
+def fake():
+    b = FakeBackend()
+    out = []
+    p = Profiler(b, interval=10, sink=out.append, config={"num_steps": 3}, clock=b.clock, log_table=False)
+    return p, b, out
+
+
+def test_phases_add_up_to_the_cycle(fake):
+    p, b, out = fake
+    for _ in range(11):
+        run_cycle(p, b)
+    (s,) = out
+    bucket = s["buckets"]["1"]
+    got = {n: ph["gpu_ms"]["mean"] for n, ph in bucket["phases"].items()}
+    assert got == pytest.approx(dict(PHASES))
+    assert list(got) == [n for n, _ in PHASES]  # in cycle order
+    assert bucket["cycle_gpu_ms"]["mean"] == pytest.approx(8.6)
+    assert sum(ph["share"] for ph in bucket["phases"].values()) == pytest.approx(1.0, abs=1e-3)
+    assert bucket["between_cycles_gpu_ms"]["mean"] == pytest.approx(0.4)
+    assert bucket["cycle_wall_ms"]["mean"] == pytest.approx(9.0)
+    assert bucket["accounted"] == pytest.approx(1.0)
+    assert [st["mean"] for st in bucket["draft_steps_gpu_ms"]] == pytest.approx([0.2, 0.2, 0.2])
+
+
+def test_host_time_is_measured_apart_from_gpu_time(fake):
+    p, b, out = fake
+    for _ in range(11):
+        run_cycle(p, b, host_scale=0.5)  # the host runs ahead of the GPU
+    bucket = out[0]["buckets"]["1"]
+    assert bucket["phases"]["verify"]["gpu_ms"]["mean"] == pytest.approx(6.0)
+    assert bucket["phases"]["verify"]["host_ms"]["mean"] == pytest.approx(3.0)
+    # the cycle period is measured on the host: half the GPU span here, so the accounting says so
+    assert bucket["accounted"] == pytest.approx(2.0)
+
+
+def test_accounting_shows_missing_time(fake):
+    p, b, out = fake
+    for _ in range(11):
+        p.begin("decode", 1)
+        b.advance(2.0)
+        p.mark("verify")
+        p.end()
+        b.advance(1.0)
+        b.host += 0.002  # 2 ms of host wall time that no GPU interval covers
+        p.harvest([1])
+    bucket = out[0]["buckets"]["1"]
+    assert bucket["cycle_wall_ms"]["mean"] == pytest.approx(5.0)
+    assert bucket["accounted"] == pytest.approx(3.0 / 5.0)
+
+
+def test_window_closes_every_interval_decode_cycles_only(fake):
+    p, b, out = fake
+    for _ in range(5):
+        p.begin("prefill", 1)
+        b.advance(3.0)
+        p.mark("target_extend")
+        b.advance(1.0)
+        p.mark("draft_extend")
+        p.end()
+    for _ in range(25):
+        run_cycle(p, b)
+    assert [w["window"] for w in out] == [0, 1]
+    assert [w["decode_cycles"] for w in out] == [10, 10]
+    first = out[0]["buckets"]["1"]
+    assert first["prefill_cycles"] == 5
+    assert first["prefill_phases_gpu_ms"]["target_extend"]["mean"] == pytest.approx(3.0)
+    assert first["cycles"] == 10
+
+
+def test_no_period_across_a_prefill_or_idle(fake):
+    p, b, out = fake
+    run_cycle(p, b)
+    b.advance(5000.0)  # the server sat idle
+    p.begin("prefill", 1)
+    b.advance(3.0)
+    p.mark("target_extend")
+    p.end()
+    for _ in range(10):
+        run_cycle(p, b)
+    bucket = out[0]["buckets"]["1"]
+    assert bucket["cycle_wall_ms"]["n"] == 8  # 10 decode cycles; the first, and the one after the prefill, have none
+    assert bucket["cycle_wall_ms"]["mean"] == pytest.approx(9.0)
+    assert out[0]["tokens_per_s"] == pytest.approx(3 / 0.009, rel=1e-6)
+
+
+def test_buckets_by_batch_size(fake):
+    p, b, out = fake
+    for bs in [1, 2, 3, 4, 1, 2, 3, 4, 8, 5]:
+        run_cycle(p, b, bs=bs)
+    run_cycle(p, b)
+    assert set(out[0]["buckets"]) == {"1", "2", "3-4", "5-8"}
+    assert out[0]["buckets"]["3-4"]["cycles"] == 4
+    assert [bucket_of(n) for n in (1, 2, 3, 4, 5, 8, 9, 16, 17)] == ["1", "2", "3-4", "3-4", "5-8", "5-8", "9-16",
+                                                                      "9-16", "17-32"]
+
+
+def test_percentiles_match_linear_interpolation():
+    v = [float(x) for x in range(1, 101)]
+    assert percentile(v, 0.5) == pytest.approx(50.5)
+    assert percentile(v, 0.9) == pytest.approx(90.1)
+    assert percentile(v, 0.99) == pytest.approx(99.01)
+    s = Series()
+    for x in reversed(v):
+        s.add(x)
+    st = s.stats()
+    assert (st["mean"], st["p50"], st["p90"], st["n"]) == (50.5, 50.5, 90.1, 100)
+
+
+def test_acceptance_histogram_and_per_position_rates(fake):
+    p, b, out = fake
+    # correct drafts per request over 10 cycles of 4 requests: a known mix
+    pattern = [[0, 1, 2, 3]] * 5 + [[3, 3, 2, 1]] * 5
+    for correct in pattern:
+        run_cycle(p, b, bs=4, correct=correct)
+    run_cycle(p, b, bs=4, correct=[0, 0, 0, 0])
+    acc = out[0]["buckets"]["3-4"]["accept"]
+    flat = [c for cyc in pattern for c in cyc]
+    assert acc["verified_requests"] == 40
+    assert acc["histogram"] == [0, flat.count(0), flat.count(1), flat.count(2), flat.count(3)]
+    assert acc["mean_length"] == pytest.approx(sum(c + 1 for c in flat) / 40)
+    reach = [sum(c >= k for c in flat) for k in range(4)]
+    assert acc["per_position"] == pytest.approx([reach[1] / reach[0], reach[2] / reach[1], reach[3] / reach[2]],
+                                                abs=1e-4)
+    assert acc["tokens_per_cycle"] == pytest.approx(sum(c + 1 for c in flat) / 10)
+
+
+def test_fixed_acceptance_gives_one_one_zero(fake):
+    p, b, out = fake
+    for _ in range(11):
+        run_cycle(p, b, correct=[2])
+    acc = out[0]["buckets"]["1"]["accept"]
+    assert acc["mean_length"] == 3.0
+    assert acc["per_position"] == [1.0, 1.0, 0.0]
+
+
+def captured_graph(p, b, key, steps):
+    """Capture: the draft runner names the graph, draft_forward records one event per step."""
+    b.capture = True
+    p.capture_begin(key)
+    evs = []
+    for i in range(steps + 1):
+        p.draft_step(i)
+    evs = list(p.step_events[key])
+    b.capture = False
+    return evs
+
+
+def replay(b, evs, step_ms):
+    """What a replay does to the event nodes: each gets the device time of its step boundary."""
+    t = b.gpu
+    evs[0].t, evs[0].done = t, True
+    for ev, ms in zip(evs[1:], step_ms):
+        t += ms
+        ev.t, ev.done = t, True
+
+
+def graph_cycle(p, b, key, evs, step_ms):
+    p.begin("decode", 1)
+    b.advance(0.3)
+    p.mark("draft_prep")
+    p.graph_replay(key)
+    replay(b, evs, step_ms)
+    b.advance(sum(step_ms) + 0.05)
+    p.mark("draft")
+    p.graph("draft", True, type("R", (), {"bs": 2})())
+    b.advance(6.0)
+    p.mark("verify")
+    p.end()
+    b.advance(0.2)
+
+
+def test_draft_steps_inside_a_captured_graph(fake):
+    p, b, out = fake
+    evs = captured_graph(p, b, ("g", 2), 3)
+    assert len(evs) == 4 and all(e.external for e in evs)
+    for k in range(11):
+        # under the overlap scheduler the next replay comes before this cycle is read
+        graph_cycle(p, b, ("g", 2), evs, [0.1 * (k + 1), 0.2, 0.3])
+        p.harvest([2])
+    assert p.capture_s["draft"] == {"2": 0.0}  # capture time per batch size (the fake host clock stood still)
+    bucket = out[0]["buckets"]["1"]
+    steps = [s["mean"] for s in bucket["draft_steps_gpu_ms"]]
+    assert steps == pytest.approx([sum(0.1 * (k + 1) for k in range(10)) / 10, 0.2, 0.3])
+    assert bucket["graph"]["replays"]["draft"] == 10
+    assert bucket["graph"]["padding_mean"] == 1.0
+    assert out[0]["steps_lost"] == 0
+
+
+def test_replay_before_the_previous_one_completed_loses_only_that_read(fake):
+    p, b, out = fake
+    evs = captured_graph(p, b, ("g", 1), 2)
+    graph_cycle(p, b, ("g", 1), evs, [0.5, 0.5])
+    evs[-1].done = False  # the device has not reached the end of the last replay yet
+    graph_cycle(p, b, ("g", 1), evs, [0.5, 0.5])
+    assert p.steps_lost == 1
+
+
+def test_bounded_memory_over_a_million_cycles():
+    b = FakeBackend()
+    p = Profiler(b, interval=1000, sink=None, config={"num_steps": 3}, clock=b.clock, log_table=False)
+    phases = [("draft", 1.0), ("verify", 6.0)]
+    for _ in range(20_000):
+        run_cycle(p, b, phases=phases, steps=(), gap=0.1)
+    tracemalloc.start()
+    for _ in range(80_000):
+        run_cycle(p, b, phases=phases, steps=(), gap=0.1)
+    early, _ = tracemalloc.get_traced_memory()
+    for _ in range(900_000):
+        run_cycle(p, b, phases=phases, steps=(), gap=0.1)
+    late, _ = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert p.seq == 1_000_000
+    assert p.windows_done == 1000
+    assert late - early < 64 * 1024, (early, late)
+
+
+def test_events_that_never_complete_are_dropped_oldest_first(fake):
+    p, b, out = fake
+    b.hold = True
+    for _ in range(POOL + 10):
+        run_cycle(p, b)
+    assert len(p.pending) <= POOL
+    assert p.dropped == 10
+    b.hold = False
+    b.release()
+    for _ in range(20):
+        run_cycle(p, b)
+    assert out and out[-1]["dropped_cycles"] == 10
+
+
+def test_null_profiler_is_the_default_and_does_nothing():
+    assert isinstance(hooks.P, NullProfiler) and not hooks.P.enabled
+    n = NullProfiler()
+    n.begin("decode", 1)
+    n.mark("verify")
+    n.draft_step(0)
+    n.graph("draft", True, None)
+    n.graph_replay(("g", 1))
+    n.capture_begin(("g", 1))
+    n.end()
+    n.harvest([1])
+    assert n.latest() is None
+    hooks.install(type("A", (), {"speculative_profile": False})())
+    assert isinstance(hooks.P, NullProfiler)
+    assert hooks.internal_state() == {"enabled": False, "latest": None}
+
+
+class Boom(FakeBackend):
+    def record(self, ev):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered\nmore detail")
+
+
+def test_an_internal_error_disables_the_profiler_with_one_warning(caplog, monkeypatch):
+    b = Boom()
+    p = Profiler(b, interval=10, clock=b.clock, log_table=False)
+    monkeypatch.setattr(hooks, "P", p)
+    monkeypatch.setitem(profiler_mod._state, "warned", False)
+    with caplog.at_level(logging.WARNING, logger="sglang.specprof"):
+        for _ in range(3):
+            hooks.P.begin("decode", 1)  # the worker's call: it must not raise
+            hooks.P.mark("verify")
+            hooks.P.end()
+            hooks.P.harvest([1])
+    warnings = [r for r in caplog.records if "disabled" in r.getMessage()]
+    assert len(warnings) == 1
+    assert "the server keeps serving" in warnings[0].getMessage()
+    assert "more detail" not in warnings[0].getMessage()
+    assert isinstance(hooks.P, NullProfiler)
+
+
+def test_a_broken_sink_is_dropped_and_profiling_goes_on(fake, caplog):
+    p, b, out = fake
+
+    def broken(summary):
+        raise ValueError("gauge rejected a label")
+
+    p.sinks.insert(0, broken)
+    for _ in range(21):
+        run_cycle(p, b)
+    assert len(out) == 2 and len(p.sinks) == 1
+
+
+def test_jsonl_lines_follow_the_schema(fake, tmp_path):
+    p, b, out = fake
+    path = tmp_path / "prof.jsonl"
+    p.sinks.append(JsonlSink(str(path)))
+    for _ in range(31):
+        run_cycle(p, b)
+    windows, notes = schema.read(str(path))
+    assert len(windows) == 3 and notes == []
+    assert windows == json.loads(json.dumps(out))
+    assert all(w["schema"] == "sglang-specprof/1" for w in windows)
+
+
+def test_torn_last_line_is_reported_and_skipped(fake, tmp_path):
+    p, b, out = fake
+    path = tmp_path / "prof.jsonl"
+    p.sinks.append(JsonlSink(str(path)))
+    for _ in range(21):
+        run_cycle(p, b)
+    data = path.read_text()
+    path.write_text(data + data.splitlines()[0][:57])  # killed while writing the third window
+    with pytest.raises(schema.ProfileError, match="line 3 is not JSON"):
+        schema.read(str(path))
+    windows, notes = schema.read(str(path), skip_torn=True)
+    assert len(windows) == 2 and notes == [f"{path} line 3 is cut short (the server stopped mid-write); skipped."]
+
+
+def test_foreign_json_is_named_by_line(tmp_path):
+    path = tmp_path / "other.jsonl"
+    path.write_text('{"schema": "sglang-specprof/1"}\n{"hello": 1}\n')
+    with pytest.raises(schema.ProfileError, match=r"line 1 is not a sglang-specprof/1 window: missing window"):
+        schema.read(str(path))
+    path.write_text('{"hello": 1}\n')
+    with pytest.raises(schema.ProfileError, match=r"line 1 .*schema is None"):
+        schema.read(str(path), skip_torn=True)
+
+
+def test_unwritable_jsonl_later_warns_once_and_goes_on(fake, tmp_path, caplog):
+    p, b, out = fake
+    folder = tmp_path / "d"
+    folder.mkdir()
+    sink = JsonlSink(str(folder / "p.jsonl"))
+    p.sinks.append(sink)
+    (folder / "p.jsonl").unlink()
+    folder.rmdir()  # the folder vanishes under the running server
+    with caplog.at_level(logging.WARNING, logger="sglang.specprof"):
+        for _ in range(31):
+            run_cycle(p, b)
+    assert len(out) == 3 and sink.broken
+    assert len([r for r in caplog.records if "cannot append" in r.getMessage()]) == 1
+
+
+def test_log_table_names_every_phase(fake):
+    p, b, out = fake
+    for _ in range(11):
+        run_cycle(p, b, host_scale=2.0)
+    text = format_summary(out[0])
+    for name, _ in PHASES:
+        assert f"    {name} " in text
+    assert "accept len 3.00 (by position 1.00 1.00 0.00)" in text
+    assert "draft steps gpu ms: 0.200 0.200 0.200" in text
+    assert "host-bound (host time above GPU time): draft_prep, draft, tree, verify, accept, draft_extend" in text
+
+
+def _rank(rank, folder, verify_ms, barrier, q):
+    b = FakeBackend()
+    out = []
+    ex = RankExchange(folder, rank, 2)
+    p = Profiler(b, interval=10, sink=out.append, config={"num_steps": 3}, clock=b.clock, log_table=False,
+                 exchange=ex, rank=rank)
+    phases = [("draft", 1.0), ("verify", verify_ms)]
+    for w in range(3):
+        for _ in range(10 if w else 11):
+            run_cycle(p, b, phases=phases, steps=())
+        barrier.wait()  # both ranks closed window w (the exchange itself never waits)
+    q.put((rank, out[-1]))
+
+
+def test_spread_across_two_ranks(tmp_path):
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(2)
+    q = ctx.Queue()
+    procs = [ctx.Process(target=_rank, args=(r, str(tmp_path), 6.0 + 0.5 * r, barrier, q)) for r in range(2)]
+    [x.start() for x in procs]
+    got = dict(q.get(timeout=60) for _ in procs)
+    [x.join(60) for x in procs]
+    spread = got[0]["ranks"]
+    assert spread["ranks"] == [0, 1]
+    verify = spread["buckets"]["1"]["verify"]
+    assert verify["spread"] == pytest.approx(0.5) and verify["slowest_rank"] == 1
+    assert spread["buckets"]["1"]["draft"]["spread"] == pytest.approx(0.0)
+    assert "ranks" not in got[1]  # only rank 0 reports the spread
+    assert "verify 0.500 ms (rank 1 slowest)" in format_summary(got[0])
