@@ -181,6 +181,8 @@ def captured_graph(p, b, key, steps):
         p.draft_step(i)
     evs = list(p.step_events[key])
     b.capture = False
+    b.host += 0.25  # the capture took 250 ms of host time
+    p.capture_end()
     return evs
 
 
@@ -216,7 +218,7 @@ def test_draft_steps_inside_a_captured_graph(fake):
         # under the overlap scheduler the next replay comes before this cycle is read
         graph_cycle(p, b, ("g", 2), evs, [0.1 * (k + 1), 0.2, 0.3])
         p.harvest([2])
-    assert p.capture_s["draft"] == {"2": 0.0}  # capture time per batch size (the fake host clock stood still)
+    assert p.capture_s["draft"] == {"2": 0.25}  # capture time per batch size
     bucket = out[0]["buckets"]["1"]
     steps = [s["mean"] for s in bucket["draft_steps_gpu_ms"]]
     assert steps == pytest.approx([sum(0.1 * (k + 1) for k in range(10)) / 10, 0.2, 0.3])
@@ -276,6 +278,7 @@ def test_null_profiler_is_the_default_and_does_nothing():
     n.graph("draft", True, None)
     n.graph_replay(("g", 1))
     n.capture_begin(("g", 1))
+    n.capture_end()
     n.end()
     n.harvest([1])
     assert n.latest() is None
@@ -379,7 +382,7 @@ def test_log_table_names_every_phase(fake):
         assert f"    {name} " in text
     assert "accept len 3.00 (by position 1.00 1.00 0.00)" in text
     assert "draft steps gpu ms: 0.200 0.200 0.200" in text
-    assert "host-bound (host time above GPU time): draft_prep, draft, tree, verify, accept, draft_extend" in text
+    assert "host time above GPU time (CPU work, or the host waiting on the device): draft_prep, draft, tree, verify, accept, draft_extend" in text
 
 
 def _rank(rank, folder, verify_ms, barrier, q):

@@ -75,6 +75,9 @@ class NullProfiler:
     def capture_begin(self, key):
         pass
 
+    def capture_end(self):
+        pass
+
     def harvest(self, correct_per_req=None):
         pass
 
@@ -193,6 +196,13 @@ class Profiler(NullProfiler):
         self._capture_done()
         self.capturing_key = key
         self._capture_t0 = self.clock()
+
+    def capture_end(self):
+        """The draft graph runner captured its last graph."""
+        try:
+            self._capture_done()
+        except Exception as e:
+            self._fail(e)
 
     def _capture_done(self):
         if self.capturing_key is not None:

@@ -42,7 +42,7 @@ def format_summary(s: dict) -> str:
         slow = [n for n, p in b["phases"].items() if p["host_ms"]["mean"] is not None and p["gpu_ms"]["mean"]
                 is not None and p["host_ms"]["mean"] > p["gpu_ms"]["mean"] + 0.05]
         if slow:
-            lines.append(f"    host-bound (host time above GPU time): {', '.join(slow)}")
+            lines.append(f"    host time above GPU time (CPU work, or the host waiting on the device): {', '.join(slow)}")
     ranks = s.get("ranks")
     if ranks:
         for key, phases in ranks["buckets"].items():
