@@ -61,6 +61,19 @@ def test_phases_add_up_to_the_cycle(fake):
     assert [st["mean"] for st in bucket["draft_steps_gpu_ms"]] == pytest.approx([0.2, 0.2, 0.2])
 
 
+def test_totals_cover_every_read_cycle_even_between_windows(fake, monkeypatch):
+    p, b, out = fake
+    monkeypatch.setattr(hooks, "P", p)
+    for _ in range(13):
+        run_cycle(p, b)
+    state = hooks.internal_state()  # reads what completed; the window of 10 closed, 3 more are open
+    assert state["enabled"] and state["latest"]["window"] == 0
+    t = state["totals"]
+    assert t["decode_cycles"] == 13 and t["committed_tokens"] == 39
+    assert t["phase_gpu_ms"]["verify"] == pytest.approx(13 * 6.0)
+    assert out[0]["totals"]["decode_cycles"] == 10
+
+
 def test_host_time_is_measured_apart_from_gpu_time(fake):
     p, b, out = fake
     for _ in range(11):
@@ -284,7 +297,7 @@ def test_null_profiler_is_the_default_and_does_nothing():
     assert n.latest() is None
     hooks.install(type("A", (), {"speculative_profile": False})())
     assert isinstance(hooks.P, NullProfiler)
-    assert hooks.internal_state() == {"enabled": False, "latest": None}
+    assert hooks.internal_state() == {"enabled": False, "latest": None, "totals": None}
 
 
 class Boom(FakeBackend):

@@ -87,6 +87,9 @@ class NullProfiler:
     def latest(self):
         return None
 
+    def totals_now(self):
+        return None
+
 
 class Profiler(NullProfiler):
     enabled = True
@@ -119,6 +122,9 @@ class Profiler(NullProfiler):
         self.accept_queue: deque = deque(maxlen=POOL)
         self._latest = None
         self.eager_steps: list = []
+        # Since start: decode cycles and the GPU milliseconds of each phase, so that any two
+        # reads of /server_info give the exact totals of the cycles between them.
+        self.totals = {"decode_cycles": 0, "prefill_cycles": 0, "phase_gpu_ms": {}, "committed_tokens": 0}
 
     # -- hot path -------------------------------------------------------------------
     def begin(self, kind, bs):
@@ -253,7 +259,9 @@ class Profiler(NullProfiler):
                 self.accept_queue.append(list(correct_per_req))
             self._read_completed()
             while self.accept_queue:
-                self.window.add_accept(self.accept_queue.popleft())
+                correct = self.accept_queue.popleft()
+                self.totals["committed_tokens"] += sum(c + 1 for c in correct)
+                self.window.add_accept(correct)
             if self.window.decode_cycles >= self.interval:
                 self._close_window()
         except Exception as e:
@@ -312,6 +320,12 @@ class Profiler(NullProfiler):
             period = (s.host[0] - p.host[0]) * 1000.0
         c = Cycle(kind=s.kind, bs=s.bs, phases=phases, steps_gpu_ms=steps, gap_gpu_ms=gap,
                   period_host_ms=period, graph=s.graph)
+        t = self.totals
+        t[s.kind + "_cycles"] = t.get(s.kind + "_cycles", 0) + 1
+        if s.kind == "decode":
+            sums = t["phase_gpu_ms"]
+            for name, g, _ in phases:
+                sums[name] = sums.get(name, 0.0) + g
         self.window.add_cycle(c, s.host[0], s.host[s.n - 1])
         if p is not None:
             self._recycle(p)
@@ -340,6 +354,7 @@ class Profiler(NullProfiler):
                        "capture_s": self.capture_s},
             "dropped_cycles": self.dropped,
             "steps_lost": self.steps_lost,
+            "totals": self.totals_now(),
         })
         self.windows_done += 1
         self.window = Window(self.windows_done)
@@ -366,6 +381,12 @@ class Profiler(NullProfiler):
 
     def latest(self):
         return self._latest
+
+    def totals_now(self) -> dict:
+        t = self.totals
+        return {"decode_cycles": t["decode_cycles"], "prefill_cycles": t["prefill_cycles"],
+                "committed_tokens": t["committed_tokens"],
+                "phase_gpu_ms": {k: round(v, 4) for k, v in t["phase_gpu_ms"].items()}}
 
     # -- failure ----------------------------------------------------------------------
     def _fail(self, e):

@@ -1,0 +1,29 @@
+"""Config-only model folders for dummy-weight servers (shared by the benchmarks and the GPU check)."""
+import json
+import os
+
+SHAPES = {
+    "8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+               num_key_value_heads=8, vocab_size=128256),
+    "tiny": dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=8, num_attention_heads=16,
+                 num_key_value_heads=4, vocab_size=32000),
+}
+
+
+def write_models(root, shape="8b"):
+    """A Llama target and a 1-layer EAGLE3 draft of the same width; returns their folders."""
+    s = SHAPES[shape]
+    base = dict(s, hidden_act="silu", max_position_embeddings=8192, rms_norm_eps=1e-5, rope_theta=500000.0,
+                torch_dtype="bfloat16", tie_word_embeddings=False, bos_token_id=1, eos_token_id=2)
+    target = os.path.join(root, "target")
+    draft = os.path.join(root, "draft")
+    os.makedirs(target, exist_ok=True)
+    os.makedirs(draft, exist_ok=True)
+    with open(os.path.join(target, "config.json"), "w") as f:
+        json.dump(dict(base, architectures=["LlamaForCausalLM"], model_type="llama"), f)
+    n = s["num_hidden_layers"]
+    with open(os.path.join(draft, "config.json"), "w") as f:
+        json.dump(dict(base, architectures=["LlamaForCausalLMEagle3"], model_type="llama", num_hidden_layers=1,
+                       draft_vocab_size=s["vocab_size"], target_hidden_size=s["hidden_size"],
+                       eagle_config={"eagle_aux_hidden_state_layer_ids": [1, n // 2 - 1, n - 4]}), f)
+    return target, draft
