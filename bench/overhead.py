@@ -80,6 +80,17 @@ class Server:
         self.proc = subprocess.Popen(self.cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env,
                                      start_new_session=True)
 
+    def wait_log(self, text, deadline):
+        """Until the server's log shows `text` (its memory pools are allocated by then)."""
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise SystemExit(f"server {self.name} exited with {self.proc.returncode}; see server-{self.name}.log")
+            with open(self.log.name) as f:
+                if text in f.read():
+                    return
+            time.sleep(1)
+        raise SystemExit(f"server {self.name} never logged {text!r}")
+
     def wait_ready(self, deadline):
         while time.time() < deadline:
             if self.proc.poll() is not None:
@@ -162,7 +173,9 @@ def main():
     ap.add_argument("--check", action="store_true", help="also start the device-timer server and compare")
     ap.add_argument("--out", default="bench/results", help="folder for the JSON results")
     ap.add_argument("--logs", default="bench-logs", help="folder for server logs and models")
-    ap.add_argument("--mem-fraction", type=float, default=0.2)
+    ap.add_argument("--mem-fraction", type=float, default=0.2,
+                    help="GPU memory per server; the servers start one after another, each allowed "
+                         "this much more of the GPU than the one before (SGLang counts the others' use)")
     ap.add_argument("--sglang", default="0.5.12")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
@@ -173,7 +186,7 @@ def main():
               "--speculative-num-steps", "3", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4",
               "--attention-backend", "triton", "--sampling-backend", "pytorch", "--grammar-backend", "none",
               "--skip-tokenizer-init", "--cuda-graph-max-bs", str(max(a.concurrency)),
-              "--disable-piecewise-cuda-graph", "--mem-fraction-static", str(a.mem_fraction)]
+              "--disable-piecewise-cuda-graph"]
     env = dict(os.environ, SGLANG_SIMULATE_ACC_LEN="3.0")
     prof = ["--speculative-profile", "--speculative-profile-output", os.path.join(a.logs, "on.jsonl")]
     plan = {"off": (common, env), "on": (common + prof, env)}
@@ -187,7 +200,10 @@ def main():
     t0 = time.time()
     try:
         for i, (name, (argv, e)) in enumerate(plan.items()):
-            servers[name] = Server(name, 31000 + i, argv, e, a.logs)
+            frac = round(a.mem_fraction * (i + 1), 3)
+            servers[name] = Server(name, 31000 + i, argv + ["--mem-fraction-static", str(frac)], e, a.logs)
+            # start the next once this one has taken its memory
+            servers[name].wait_log("Capture draft cuda graph begin", time.time() + 600)
         for s in servers.values():
             s.wait_ready(time.time() + 600)
         print(f"{len(servers)} servers ready in {time.time() - t0:.0f} s", flush=True)
