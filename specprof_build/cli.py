@@ -95,7 +95,51 @@ def build(args, log) -> Path | None:
     return final
 
 
+def rebase_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="build.py rebase",
+        description="Carry the patch series to another SGLang release: import it as commits on the old "
+        "release, replay them onto the new one with git's 3-way merge, and export patches/sglang-NEW/.",
+    )
+    p.add_argument("--onto", metavar="VERSION", required=True, help="the release to carry the series to")
+    p.add_argument("--from", dest="from_version", metavar="VERSION", help="the series to start from (default: the default release)")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--continue", dest="cont", action="store_true", help="after resolving a conflict, go on")
+    g.add_argument("--abort", action="store_true", help="drop the rebase in progress; patches/ stays as it was")
+    p.add_argument("--accept-hook-moves", action="store_true",
+                   help="export even though some hooks now sit in other functions (after checking each)")
+    p.add_argument("--cache-dir", metavar="DIR", type=Path, default=None, help="download cache")
+    return p
+
+
+def main_rebase(argv) -> int:
+    from . import rebase
+
+    args = rebase_parser().parse_args(argv)
+    log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
+    try:
+        if args.abort:
+            rebase.abort(args.onto, log)
+        elif args.cont:
+            print(rebase.resume(args.onto, log, args.accept_hook_moves))
+        else:
+            if args.from_version and args.from_version == args.onto:
+                raise BuildError("--from and --onto name the same release; nothing to rebase.")
+            print(rebase.start(args.onto, args.from_version, args.cache_dir or fetch.default_cache(), log,
+                               args.accept_hook_moves))
+        return 0
+    except BuildError as e:
+        print(f"build.py rebase: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("build.py rebase: interrupted; run it again with --continue or --abort.", file=sys.stderr)
+        return 130
+
+
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["rebase"]:
+        return main_rebase(argv[1:])
     args = parser().parse_args(argv)
     log = (lambda *a, **k: None) if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
     try:

@@ -1,0 +1,232 @@
+"""build.py rebase: carry a series to another upstream release with git's 3-way merge.
+
+The series is imported as commits (git am) on the old release's tree, replayed onto the
+new release's tree (git rebase --onto), and exported again (git format-patch, the flags of
+export.py) into patches/sglang-NEW/ with a new pin. A conflict stops with a work tree to
+finish by hand; nothing is written into patches/ until the whole series is through.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import time
+import urllib.request
+import zipfile
+from pathlib import Path
+
+from . import export, fetch, hookmap, release
+from .errors import BuildError
+
+WORK = release.ROOT / ".rebase"
+PYPI_JSON = "https://pypi.org/simple/sglang/"
+
+
+def _git(args, cwd, check=True, env_extra=None):
+    env = dict(os.environ, GIT_CEILING_DIRECTORIES=str(Path(cwd).resolve().parent), LC_ALL="C",
+               GIT_EDITOR="true", **export.IDENTITY, **(env_extra or {}))
+    proc = subprocess.run(["git", *args], cwd=cwd, env=env, capture_output=True, text=True)
+    if check and proc.returncode != 0:
+        raise BuildError(f"git {args[0]} failed in {cwd}: {(proc.stderr or proc.stdout).strip().splitlines()[-1:]}.")
+    return proc
+
+
+def published_pin(version: str, timeout: float = 30) -> release.Pin:
+    """The pin of a release as PyPI lists it: every file name and its sha256."""
+    req = urllib.request.Request(PYPI_JSON, headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            data = json.load(r)
+    except OSError as e:
+        raise BuildError(f"Cannot read PyPI's file list for sglang ({e}); rebase needs the network once.") from None
+    prefix = (f"sglang-{version}-", f"sglang-{version}.tar.gz")
+    arts = {f["filename"]: f["hashes"]["sha256"] for f in data.get("files", [])
+            if f["filename"].startswith(prefix) and not f.get("yanked")}
+    if not arts:
+        raise BuildError(f"PyPI has no files for sglang {version}.")
+    return release.Pin(version=version, revision=1, artifacts=arts)
+
+
+def _unpack_py(wheel: Path, dest: Path) -> None:
+    """The release's sglang/*.py files, which are all a series may touch."""
+    with zipfile.ZipFile(wheel) as z:
+        for info in z.infolist():
+            if info.filename.startswith("sglang/") and info.filename.endswith(".py"):
+                z.extract(info, dest)
+
+
+def _clear_tree(work: Path) -> None:
+    for p in work.iterdir():
+        if p.name != ".git":
+            shutil.rmtree(p) if p.is_dir() else p.unlink()
+
+
+def _state(work: Path) -> dict:
+    return json.loads((work / ".git" / "specprof-rebase.json").read_text())
+
+
+def _in_progress(work: Path) -> bool:
+    return (work / ".git" / "rebase-merge").is_dir() or (work / ".git" / "rebase-apply").is_dir()
+
+
+def _conflict_message(work: Path, onto: str) -> str:
+    st = _state(work)
+    subject = ""
+    msg = work / ".git" / "rebase-merge" / "message"
+    if msg.is_file():
+        subject = msg.read_text().splitlines()[0].strip()
+    name = st["names"].get(subject, subject or "a patch")
+    files = _git(["diff", "--name-only", "--diff-filter=U"], work, check=False).stdout.split()
+    return (f"{name} conflicts with sglang {onto} in {', '.join(files) or 'the tree'}. Resolve it in {work} "
+            f"(git add the files), then run: python build.py rebase --onto {onto} --continue; "
+            f"or give up with: python build.py rebase --onto {onto} --abort. Nothing was written to patches/.")
+
+
+def _finish(work: Path, onto: str, accept_moves: bool, log) -> Path:
+    st = _state(work)
+    commits = _git(["rev-list", "--reverse", f"upstream-{onto}..HEAD"], work).stdout.split()
+    named = []
+    for c in commits:
+        subject = _git(["log", "-1", "--format=%s", c], work).stdout.strip()
+        name = st["names"].get(subject) or re.sub(r"[^A-Za-z0-9]+", "-", subject).strip("-").lower()[:60] + ".patch"
+        named.append((name, export.export_commit(work, c)))
+    dropped = sorted(set(st["names"].values()) - {n for n, _ in named})
+    # A hook that still applies but now sits in another function changed meaning.
+    touched = _git(["diff", "--name-only", f"upstream-{onto}..HEAD"], work).stdout.split()
+    after = hookmap.hook_map(work, sorted(set(st["files"]) | set(touched)))
+    notes = hookmap.moved({k: [tuple(x) for x in v] for k, v in st["hooks"].items()}, after)
+    if notes and not accept_moves:
+        raise BuildError(
+            "The series applies to sglang " + onto + ", but these hooks moved to other functions or vanished: "
+            + "; ".join(notes) + f". Check each in {work}, amend if needed, then rerun with --continue "
+            f"--accept-hook-moves.")
+    dest = release.PATCHES / f"sglang-{onto}"
+    tmp = release.PATCHES / f".sglang-{onto}.partial"
+    shutil.rmtree(tmp, ignore_errors=True)
+    export.write_series(tmp, named)
+    (tmp / "pin.toml").write_text(release.format_pin(release.Pin(**st["pin"])))
+    os.replace(tmp, dest)
+    shutil.rmtree(work)
+    log(f"export    {len(named)} patches into {dest}"
+        + (f" (dropped, now upstream: {', '.join(dropped)})" if dropped else ""))
+    for n in notes:
+        log(f"moved     {n}")
+    return dest
+
+
+def start(onto: str, from_version: str | None, cache: Path, log, accept_moves=False) -> Path:
+    t0 = time.monotonic()
+    from_version = from_version or release.default_release()
+    if (release.PATCHES / f"sglang-{onto}" / "series").is_file():
+        raise BuildError(f"patches/sglang-{onto} already has a series; remove that folder first to rebase again.")
+    work = WORK / f"sglang-{onto}"
+    if work.exists():
+        raise BuildError(f"A rebase onto {onto} is in progress in {work}; finish it with --continue "
+                         f"or drop it with --abort.")
+    old = release.load(from_version)
+    new_pin = published_pin(onto)
+    old_wheel = fetch.fetch(old.pin, fetch.choose(old.pin), cache, log=log)
+    new_wheel = fetch.fetch(new_pin, fetch.choose(new_pin), cache, log=log)
+    dest = rebase_trees(old, old_wheel, new_pin, new_wheel, log, accept_moves)
+    log(f"done      in {time.monotonic() - t0:.1f} s")
+    return dest
+
+
+def rebase_trees(old: release.Release, old_wheel: Path, new_pin: release.Pin, new_wheel: Path, log,
+                 accept_moves=False) -> Path:
+    """The rebase proper, from the two upstream wheels (hash-checked by the caller)."""
+    from_version, onto = old.version, new_pin.version
+    work = WORK / f"sglang-{onto}"
+    work.mkdir(parents=True)
+    try:
+        _git(["init", "-q", "-b", "series"], work)
+        _unpack_py(old_wheel, work)
+        _git(["add", "-A"], work)
+        _git(["commit", "-q", "-m", f"upstream {from_version}"], work)
+        _git(["tag", f"upstream-{from_version}"], work)
+        names, files = {}, set()
+        for p in old.patches:
+            proc = _git(["am", "-q", "-k", "--committer-date-is-author-date", str(p.resolve())], work, check=False)
+            if proc.returncode != 0:
+                raise BuildError(f"{p.name} does not apply to sglang {from_version} itself; run python build.py "
+                                 f"--sglang {from_version} --check.")
+            subject = _git(["log", "-1", "--format=%s"], work).stdout.strip()
+            names[subject] = p.name
+            files.update(f for f in _git(["show", "--name-only", "--format=", "HEAD"], work).stdout.split())
+        hooks = hookmap.hook_map(work, sorted(files))
+        _git(["checkout", "-q", "--orphan", "upstream-new"], work)
+        _git(["rm", "-rq", "--cached", "."], work)
+        _clear_tree(work)
+        _unpack_py(new_wheel, work)
+        _git(["add", "-A"], work)
+        _git(["commit", "-q", "-m", f"upstream {onto}"], work)
+        _git(["tag", f"upstream-{onto}"], work)
+        _git(["checkout", "-q", "series"], work)
+        (work / ".git" / "specprof-rebase.json").write_text(json.dumps({
+            "from": from_version, "onto": onto, "names": names, "files": sorted(files),
+            "hooks": hooks, "pin": {"version": new_pin.version, "revision": new_pin.revision,
+                                    "artifacts": new_pin.artifacts, "note": new_pin.note}}))
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    log(f"rebase    {len(old.patches)} patches from {from_version} onto {onto} (git rebase, 3-way merge)")
+    proc = _git(["rebase", "-q", "--onto", f"upstream-{onto}", f"upstream-{from_version}", "series"], work,
+                check=False)
+    if proc.returncode != 0:
+        if _in_progress(work):
+            raise BuildError(_conflict_message(work, onto))
+        raise BuildError(f"git rebase failed: {(proc.stderr or proc.stdout).strip()}")
+    return _finish(work, onto, accept_moves, log)
+
+
+def resume(onto: str, log, accept_moves=False) -> Path:
+    work = WORK / f"sglang-{onto}"
+    if not (work / ".git" / "specprof-rebase.json").is_file():
+        raise BuildError(f"No rebase onto {onto} is in progress.")
+    if _in_progress(work):
+        if _git(["diff", "--name-only", "--diff-filter=U"], work, check=False).stdout.strip():
+            raise BuildError(_conflict_message(work, onto))
+        proc = _git(["rebase", "--continue"], work, check=False)
+        if proc.returncode != 0:
+            if _in_progress(work):
+                raise BuildError(_conflict_message(work, onto))
+            raise BuildError(f"git rebase --continue failed: {(proc.stderr or proc.stdout).strip()}")
+    return _finish(work, onto, accept_moves, log)
+
+
+def abort(onto: str, log) -> None:
+    work = WORK / f"sglang-{onto}"
+    if not work.exists():
+        raise BuildError(f"No rebase onto {onto} is in progress.")
+    if _in_progress(work):
+        _git(["rebase", "--abort"], work, check=False)
+    shutil.rmtree(work)
+    shutil.rmtree(release.PATCHES / f".sglang-{onto}.partial", ignore_errors=True)
+    log(f"aborted   the rebase onto {onto}; patches/ is as it was")
+
+
+def roundtrip(version: str, cache: Path) -> list[str]:
+    """Import the series as commits on its pinned release and export it again: the patches
+    whose bytes would change (empty: the series is up to date)."""
+    rel = release.load(version)
+    wheel = fetch.fetch(rel.pin, fetch.choose(rel.pin), cache, log=lambda m: None)
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="specprof-roundtrip-") as tmp:
+        work = Path(tmp) / "tree"
+        work.mkdir()
+        _git(["init", "-q"], work)
+        _unpack_py(wheel, work)
+        _git(["add", "-A"], work)
+        _git(["commit", "-q", "-m", f"upstream {version}"], work)
+        changed = []
+        for p in rel.patches:
+            proc = _git(["am", "-q", "-k", "--committer-date-is-author-date", str(p.resolve())], work, check=False)
+            if proc.returncode != 0:
+                return [f"{p.name} does not apply"]
+            if export.export_commit(work, "HEAD") != p.read_text():
+                changed.append(p.name)
+        return changed

@@ -1,0 +1,166 @@
+"""build.py rebase on synthetic releases: clean carry, conflict, --continue, --abort, moved hooks."""
+import subprocess
+import zipfile
+
+import pytest
+
+from conftest import ROOT, run_build
+from specprof_build import export, hookmap, rebase, release
+from specprof_build.errors import BuildError
+
+OLD = '''def other():
+    return 0
+
+
+def cycle(batch):
+    prepare(batch)
+    out = forward(batch)
+    return out
+'''
+PATCHED = OLD.replace("    out = forward(batch)\n", "    specprof.P.mark('prep')\n    out = forward(batch)\n")
+
+
+def wheel(path, version, source):
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("sglang/__init__.py", "")
+        z.writestr("sglang/worker.py", source)
+        z.writestr(f"sglang-{version}.dist-info/METADATA", f"Name: sglang\nVersion: {version}\n")
+    return path
+
+
+@pytest.fixture
+def env(tmp_path, monkeypatch):
+    """A patches/ folder with a one-patch series for 1.0.0, and a work folder, both temporary."""
+    patches = tmp_path / "patches"
+    monkeypatch.setattr(release, "PATCHES", patches)
+    monkeypatch.setattr(rebase, "WORK", tmp_path / "work")
+    repo = tmp_path / "author"
+    repo.mkdir()
+    git = lambda *a: subprocess.run(["git", *a], cwd=repo, check=True, capture_output=True,  # noqa: E731
+                                    env={**export.IDENTITY, "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
+    git("init", "-q")
+    (repo / "sglang").mkdir()
+    (repo / "sglang" / "worker.py").write_text(OLD)
+    git("add", "-A")
+    git("commit", "-q", "-m", "upstream")
+    (repo / "sglang" / "worker.py").write_text(PATCHED)
+    git("commit", "-q", "-am", "worker: mark prep\n\nDescription: why\nForwarded: not-needed\nLast-Update: 2026-11-29")
+    d = patches / "sglang-1.0.0"
+    export.write_series(d, [("worker-mark.patch", export.export_commit(repo, "HEAD"))])
+    pin = release.Pin("1.0.0", 1, {"sglang-1.0.0-py3-none-any.whl": "0" * 64})
+    (d / "pin.toml").write_text(release.format_pin(pin))
+    old = release.Release("1.0.0", d, pin, [d / "worker-mark.patch"])
+    old_wheel = wheel(tmp_path / "sglang-1.0.0-py3-none-any.whl", "1.0.0", OLD)
+    return tmp_path, patches, old, old_wheel
+
+
+def new_release(tmp_path, source, version="1.1.0"):
+    pin = release.Pin(version, 1, {f"sglang-{version}-py3-none-any.whl": "1" * 64})
+    return pin, wheel(tmp_path / f"sglang-{version}-py3-none-any.whl", version, source)
+
+
+def quiet(msg):
+    pass
+
+
+def test_carries_the_series_across_moved_lines(env):
+    tmp, patches, old, old_wheel = env
+    moved = "# a new upstream header\n" * 5 + OLD
+    pin, new_wheel = new_release(tmp, moved)
+    dest = rebase.rebase_trees(old, old_wheel, pin, new_wheel, quiet)
+    assert dest == patches / "sglang-1.1.0"
+    assert (dest / "series").read_text() == "worker-mark.patch\n"
+    text = (dest / "worker-mark.patch").read_text()
+    assert "\n@@ -9,5 +9,6 @@ def other():\n" in text, text  # five lines further down than before
+    assert "Description: why\nForwarded: not-needed\nLast-Update: 2026-11-29" in text  # headers kept
+    assert release.parse_pin((dest / "pin.toml").read_text()) == pin
+    assert not (tmp / "work" / "sglang-1.1.0").exists()
+    assert release.lint(dest) == []
+
+
+def test_conflict_writes_nothing_then_continue_exports(env):
+    tmp, patches, old, old_wheel = env
+    changed = OLD.replace("    out = forward(batch)\n", "    out = forward(batch, fast=True)\n")
+    pin, new_wheel = new_release(tmp, changed)
+    with pytest.raises(BuildError) as e:
+        rebase.rebase_trees(old, old_wheel, pin, new_wheel, quiet)
+    msg = str(e.value)
+    assert "worker-mark.patch conflicts with sglang 1.1.0 in sglang/worker.py" in msg
+    assert "--continue" in msg and "--abort" in msg
+    assert not (patches / "sglang-1.1.0").exists()
+    work = tmp / "work" / "sglang-1.1.0"
+    # still unresolved: --continue says so again
+    with pytest.raises(BuildError, match="conflicts"):
+        rebase.resume("1.1.0", quiet)
+    (work / "sglang" / "worker.py").write_text(changed.replace(
+        "    out = forward(batch, fast=True)\n", "    specprof.P.mark('prep')\n    out = forward(batch, fast=True)\n"))
+    subprocess.run(["git", "add", "-A"], cwd=work, check=True)
+    dest = rebase.resume("1.1.0", quiet)
+    assert "+    specprof.P.mark('prep')\n     out = forward(batch, fast=True)" in (dest / "worker-mark.patch").read_text()
+    assert not work.exists()
+
+
+def test_abort_leaves_patches_as_they_were(env):
+    tmp, patches, old, old_wheel = env
+    before = sorted(p.relative_to(patches) for p in patches.rglob("*"))
+    pin, new_wheel = new_release(tmp, OLD.replace("forward(batch)", "forward(batch, x)"))
+    with pytest.raises(BuildError):
+        rebase.rebase_trees(old, old_wheel, pin, new_wheel, quiet)
+    rebase.abort("1.1.0", quiet)
+    assert not (tmp / "work" / "sglang-1.1.0").exists()
+    assert sorted(p.relative_to(patches) for p in patches.rglob("*")) == before
+    with pytest.raises(BuildError, match="No rebase onto 1.1.0 is in progress"):
+        rebase.abort("1.1.0", quiet)
+
+
+def test_interrupted_rebase_is_refused_until_continue_or_abort(env, monkeypatch):
+    tmp, patches, old, old_wheel = env
+    pin, new_wheel = new_release(tmp, OLD.replace("forward(batch)", "forward(batch, x)"))
+    with pytest.raises(BuildError):
+        rebase.rebase_trees(old, old_wheel, pin, new_wheel, quiet)
+    monkeypatch.setattr(rebase, "published_pin", lambda v: pytest.fail("must not reach the network"))
+    with pytest.raises(BuildError, match="in progress .*--continue.*--abort"):
+        rebase.start("1.1.0", "1.0.0", tmp / "cache", quiet)
+
+
+def test_already_rebased_target_is_refused(env):
+    tmp, patches, old, old_wheel = env
+    pin, new_wheel = new_release(tmp, OLD)
+    rebase.rebase_trees(old, old_wheel, pin, new_wheel, quiet)
+    with pytest.raises(BuildError, match="patches/sglang-1.1.0 already has a series"):
+        rebase.start("1.1.0", "1.0.0", tmp / "cache", quiet)
+
+
+def test_hook_that_applies_but_moved_function_is_caught(env):
+    tmp, patches, old, old_wheel = env
+    renamed = OLD.replace("def cycle(batch):", "def legacy_cycle(batch):")
+    pin, new_wheel = new_release(tmp, renamed)
+    with pytest.raises(BuildError) as e:
+        rebase.rebase_trees(old, old_wheel, pin, new_wheel, quiet)
+    assert "specprof.P.mark('prep'): sglang/worker.py:cycle -> sglang/worker.py:legacy_cycle" in str(e.value)
+    assert not (patches / "sglang-1.1.0").exists()
+    dest = rebase.resume("1.1.0", quiet, accept_moves=True)
+    assert (dest / "worker-mark.patch").is_file()
+
+
+def test_hook_map_names_the_enclosing_function():
+    src = "class W:\n    def f(self):\n        specprof.P.mark('a')\n        x = 1\n\ndef g():\n    specprof_args.validate(x)\n"
+    assert hookmap.hooks_in(src, "w.py") == [("W.f", "specprof.P.mark('a')"), ("g", "specprof_args.validate")]
+
+
+def test_rebase_command_line_errors():
+    proc = run_build("rebase")
+    assert proc.returncode == 2 and "--onto" in proc.stderr
+    proc = run_build("rebase", "--onto", "0.5.12", "--from", "0.5.12")
+    assert proc.returncode == 1 and "nothing to rebase" in proc.stderr
+    proc = run_build("rebase", "--onto", "9.9.9", "--continue")
+    assert proc.returncode == 1 and "No rebase onto 9.9.9 is in progress" in proc.stderr
+    proc = run_build("rebase", "--onto", "9.9.9", "--continue", "--abort")
+    assert proc.returncode == 2
+
+
+@pytest.mark.parametrize("version", release.available())
+def test_every_series_round_trips_byte_for_byte(version):
+    from specprof_build import fetch
+
+    assert rebase.roundtrip(version, fetch.default_cache()) == []
