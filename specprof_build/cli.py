@@ -13,6 +13,9 @@ from pathlib import Path
 from . import apply, fetch, release, repack
 from .errors import BuildError
 
+# The one copy into the output folder (a name of its own so that the tests can fill the disk).
+copy_out = shutil.copyfile
+
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
@@ -31,6 +34,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--cache-dir", metavar="DIR", type=Path, default=None,
                    help="download cache (default: $SGLANG_SPECPROF_CACHE or ~/.cache/sglang-specprof)")
     p.add_argument("--offline", action="store_true", help="never download; use the cache or --from-wheel")
+    p.add_argument("--patches", metavar="DIR", type=Path, default=None,
+                   help="the folder of series (default: this checkout's patches/)")
     p.add_argument("-q", "--quiet", action="store_true", help="print only the wheel's path")
     return p
 
@@ -46,8 +51,11 @@ def check_out_dir(out: Path) -> None:
 
 def build(args, log) -> Path | None:
     t0 = time.monotonic()
-    version = args.sglang or release.default_release()
-    rel = release.load(version)
+    patches = args.patches or release.PATCHES
+    if not patches.is_dir():
+        raise BuildError(f"--patches {patches}: no such folder.")
+    version = args.sglang or release.default_release(patches)
+    rel = release.load(version, patches)
     if args.from_wheel is not None:
         if args.python_tag or args.platform:
             raise BuildError("--from-wheel builds for the wheel's own tags; leave out --python-tag and --platform.")
@@ -86,7 +94,7 @@ def build(args, log) -> Path | None:
         log(f"repack    {wheel.name}")
         final = args.out / wheel.name
         try:
-            shutil.copyfile(wheel, args.out / (wheel.name + ".partial"))
+            copy_out(wheel, args.out / (wheel.name + ".partial"))
             os.replace(args.out / (wheel.name + ".partial"), final)
         except OSError as e:
             (args.out / (wheel.name + ".partial")).unlink(missing_ok=True)
@@ -144,8 +152,9 @@ def main(argv=None) -> int:
     log = (lambda *a, **k: None) if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
     try:
         if args.list:
-            default = release.default_release()
-            for v in release.available():
+            patches = args.patches or release.PATCHES
+            default = release.default_release(patches)
+            for v in release.available(patches):
                 print(f"{v}{'  (default)' if v == default else ''}")
             return 0
         wheel = build(args, log)

@@ -190,10 +190,16 @@ def resume(onto: str, log, accept_moves=False) -> Path:
         if _git(["diff", "--name-only", "--diff-filter=U"], work, check=False).stdout.strip():
             raise BuildError(_conflict_message(work, onto))
         proc = _git(["rebase", "--continue"], work, check=False)
-        if proc.returncode != 0:
-            if _in_progress(work):
-                raise BuildError(_conflict_message(work, onto))
-            raise BuildError(f"git rebase --continue failed: {(proc.stderr or proc.stdout).strip()}")
+    elif _git(["merge-base", "--is-ancestor", f"upstream-{onto}", "HEAD"], work, check=False).returncode != 0:
+        # interrupted before git rebase began: begin it now
+        proc = _git(["rebase", "-q", "--onto", f"upstream-{onto}", f"upstream-{_state(work)['from']}", "series"],
+                    work, check=False)
+    else:
+        proc = None
+    if proc is not None and proc.returncode != 0:
+        if _in_progress(work):
+            raise BuildError(_conflict_message(work, onto))
+        raise BuildError(f"git rebase failed: {(proc.stderr or proc.stdout).strip()}")
     return _finish(work, onto, accept_moves, log)
 
 

@@ -55,7 +55,8 @@ class Release:
         return h.hexdigest()
 
 
-def overlay_files(overlay: Path = OVERLAY) -> list[Path]:
+def overlay_files(overlay: Path | None = None) -> list[Path]:
+    overlay = overlay or OVERLAY
     return sorted(
         p
         for p in overlay.rglob("*")
@@ -149,7 +150,8 @@ def lint(directory: Path) -> list[str]:
     return problems
 
 
-def available(patches: Path = PATCHES) -> list[str]:
+def available(patches: Path | None = None) -> list[str]:
+    patches = patches or PATCHES
     found = []
     for d in patches.glob("sglang-*"):
         if (d / "series").is_file():
@@ -157,16 +159,21 @@ def available(patches: Path = PATCHES) -> list[str]:
     return sorted(found, key=Version)
 
 
-def default_release(patches: Path = PATCHES) -> str:
-    return (patches / "default").read_text().strip()
+def default_release(patches: Path | None = None) -> str:
+    path = (patches or PATCHES) / "default"
+    try:
+        return path.read_text().strip()
+    except OSError:
+        raise BuildError(f"{path} is missing; it names the default release (or pass --sglang).") from None
 
 
-def load(version: str, patches: Path = PATCHES) -> Release:
+def load(version: str, patches: Path | None = None) -> Release:
+    patches = patches or PATCHES
     directory = patches / f"sglang-{version}"
     if not (directory / "series").is_file():
         have = ", ".join(available(patches)) or "none"
         raise BuildError(
-            f"No patch series for sglang {version}; this checkout has {have}. "
+            f"No patch series for sglang {version}; {patches} has {have}. "
             f"To carry the series to {version}, run: python build.py rebase --onto {version}"
         )
     problems = lint(directory)

@@ -164,3 +164,22 @@ def test_every_series_round_trips_byte_for_byte(version):
     from specprof_build import fetch
 
     assert rebase.roundtrip(version, fetch.default_cache()) == []
+
+
+def test_interrupted_before_git_rebase_then_continue(env, monkeypatch):
+    tmp, patches, old, old_wheel = env
+    pin, new_wheel = new_release(tmp, "# moved\n" * 3 + OLD)
+    real = rebase._git
+
+    def interrupt_at_rebase(args, cwd, **kw):
+        if args[0] == "rebase":
+            raise KeyboardInterrupt
+        return real(args, cwd, **kw)
+
+    monkeypatch.setattr(rebase, "_git", interrupt_at_rebase)
+    with pytest.raises(KeyboardInterrupt):
+        rebase.rebase_trees(old, old_wheel, pin, new_wheel, quiet)
+    monkeypatch.setattr(rebase, "_git", real)
+    assert not (patches / "sglang-1.1.0").exists()
+    dest = rebase.resume("1.1.0", quiet)  # --continue begins the rebase that never started
+    assert "\n@@ -7,5 +7,6 @@ def other():\n" in (dest / "worker-mark.patch").read_text()

@@ -1,0 +1,119 @@
+"""Fuzzing the parsers: any input gives a result or one clear error, never a traceback."""
+import json
+import string
+
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from fakes import FakeBackend  # noqa: F401  (puts overlay/ on the path)
+from specprof_build import cli, rebase, release
+from specprof_build.errors import BuildError
+from sglang.specprof import schema
+
+EXAMPLES = 300
+FUZZ = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+FLAGS = ["--sglang", "--list", "--check", "--from-wheel", "--python-tag", "--platform", "--out", "--cache-dir",
+         "--offline", "--patches", "-q", "--quiet", "--help", "rebase", "--onto", "--from", "--continue", "--abort",
+         "--accept-hook-moves", "0.5.12", "0.5.13", "cp312", "manylinux_2_34_aarch64", "x", "", "--", "-"]
+words = st.one_of(st.sampled_from(FLAGS), st.text(string.printable, max_size=12))
+
+
+@FUZZ
+@given(argv=st.lists(words, max_size=8))
+def test_command_line(argv, tmp_path, monkeypatch, capsys):
+    def offline(version, timeout=30):
+        raise BuildError("offline in this test")
+
+    monkeypatch.setattr(rebase, "published_pin", offline)
+    monkeypatch.setattr(rebase, "WORK", tmp_path / "work")
+    # never touch the network, the real cache or dist/
+    safe = argv + ["--offline", "--cache-dir", str(tmp_path / "cache"), "--out", str(tmp_path / "out")]
+    if argv[:1] == ["rebase"]:
+        safe = argv + ["--cache-dir", str(tmp_path / "cache")]
+    try:
+        code = cli.main(safe)
+    except SystemExit as e:  # argparse: usage errors exit 2, --help exits 0
+        code = e.code
+    assert code in (0, 1, 2)
+    assert "Traceback" not in capsys.readouterr().err
+
+
+@FUZZ
+@given(text=st.text(max_size=400))
+def test_series_file(text):
+    try:
+        names = release.parse_series(text)
+    except BuildError as e:
+        assert str(e).startswith("series line ")
+    else:
+        assert all(n.endswith(".patch") and "/" not in n for n in names)
+
+
+pin_lines = st.lists(st.one_of(
+    st.sampled_from(['version = "0.5.12"', 'revision = 1', 'revision = 0', 'revision = "1"', "[artifacts]",
+                     '"sglang-0.5.12-cp311-cp311-manylinux_2_34_x86_64.whl" = "' + "a" * 64 + '"',
+                     '"sglang-0.5.13-x.whl" = "' + "b" * 64 + '"', 'version = "not a version"', "[other]",
+                     'note = "x"', 'version = 5', "artifacts = 3"]),
+    st.text(max_size=40)), max_size=8)
+
+
+@FUZZ
+@given(lines=pin_lines)
+def test_pin_file(lines):
+    text = "\n".join(lines)
+    try:
+        pin = release.parse_pin(text)
+    except BuildError as e:
+        assert str(e).startswith("pin.toml")
+    else:
+        assert pin.revision >= 1 and pin.artifacts
+        assert release.parse_pin(release.format_pin(pin)) == pin
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=10),
+    lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=8), kids, max_size=4),
+    max_leaves=20)
+
+
+@FUZZ
+@given(text=st.one_of(st.text(max_size=300), json_values.map(json.dumps)))
+def test_profile_line(text):
+    try:
+        obj = schema.parse_line(text, "line 7")
+    except schema.ProfileError as e:
+        assert str(e).startswith("line 7 ")
+    else:
+        assert obj["schema"] == schema.SCHEMA
+
+
+with open(release.ROOT / "tests" / "data" / "profile-0.5.12-eagle3-v2-topk1.jsonl") as f:
+    WINDOW = json.loads(f.readline())
+
+
+def _paths(obj, prefix=()):
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            yield prefix + (k,)
+            yield from _paths(v, prefix + (k,))
+
+
+PATHS = list(_paths(WINDOW))
+
+
+@FUZZ
+@given(path=st.sampled_from(PATHS), value=json_values, delete=st.booleans())
+def test_profile_window_with_one_field_broken(path, value, delete):
+    obj = json.loads(json.dumps(WINDOW))
+    node = obj
+    for k in path[:-1]:
+        node = node[k]
+    if delete:
+        del node[path[-1]]
+    else:
+        node[path[-1]] = value
+    try:
+        schema.parse_line(json.dumps(obj), "line 1")
+    except schema.ProfileError as e:
+        assert str(e).startswith("line 1 ")
