@@ -79,6 +79,7 @@ def build(args, log) -> Path | None:
         added = apply.copy_overlay(release.OVERLAY, tree, files, log)
         touched = sorted({f for p in rel.patches for f in apply.hunks(p.read_text())})
         repack.check_compiles(tree, touched + added)
+        repack.add_entry_points(tree, added)
         repack.normalize_modes(tree)
         repack.write_marker(tree, {
             "upstream_version": version,

@@ -59,6 +59,26 @@ def check_compiles(tree: Path, rel_paths: list[str]) -> None:
             raise BuildError(f"{rel} does not compile after patching (line {e.lineno}: {e.msg}).") from None
 
 
+CONSOLE_SCRIPT = "sglang-specprof = sglang_specprof.cli:main"
+
+
+def add_entry_points(tree: Path, added: list[str]) -> None:
+    """The sglang-specprof command, and the overlay's new top-level packages in top_level.txt."""
+    info = dist_info(tree)
+    ep = info / "entry_points.txt"
+    text = ep.read_text() if ep.is_file() else ""
+    if "[console_scripts]" not in text:
+        text = text.rstrip("\n") + ("\n\n" if text else "") + "[console_scripts]\n"
+    lines = text.splitlines()
+    at = lines.index("[console_scripts]") + 1
+    lines.insert(at, CONSOLE_SCRIPT)
+    ep.write_text("\n".join(lines) + "\n")
+    tops = {rel.split("/", 1)[0] for rel in added if "/" in rel}
+    tl = info / "top_level.txt"
+    have = tl.read_text().split() if tl.is_file() else []
+    tl.write_text("\n".join(sorted(set(have) | tops)) + "\n")
+
+
 def write_marker(tree: Path, info: dict) -> None:
     (dist_info(tree) / MARKER).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
 

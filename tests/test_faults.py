@@ -14,7 +14,8 @@ from conftest import ROOT, run_build
 from fakes import FakeBackend
 from specprof_build import cli, fetch, rebase, release
 from specprof_build.errors import BuildError
-from sglang.specprof import hooks, profiler as profiler_mod, schema
+from sglang.specprof import hooks, profiler as profiler_mod
+from sglang_specprof import schema
 from sglang.specprof.jsonl import JsonlSink
 from sglang.specprof.profiler import NullProfiler, Profiler
 

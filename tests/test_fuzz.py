@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from fakes import FakeBackend  # noqa: F401  (puts overlay/ on the path)
 from specprof_build import cli, rebase, release
 from specprof_build.errors import BuildError
-from sglang.specprof import schema
+from sglang_specprof import schema
 
 EXAMPLES = 300
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

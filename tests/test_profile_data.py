@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 
 from fakes import FakeBackend  # noqa: F401  (puts overlay/ on the path)
-from sglang.specprof import schema
+from sglang_specprof import schema
 
 DATA = Path(__file__).resolve().parent / "data"
 FILES = sorted(DATA.glob("profile-*.jsonl"))

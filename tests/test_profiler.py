@@ -7,12 +7,13 @@ import tracemalloc
 import pytest
 
 from fakes import FakeBackend
-from sglang.specprof import hooks, profiler as profiler_mod, schema
+from sglang.specprof import hooks, profiler as profiler_mod
+from sglang_specprof import schema
 from sglang.specprof.jsonl import JsonlSink
 from sglang.specprof.profiler import POOL, NullProfiler, Profiler
-from sglang.specprof.ranks import RankExchange
-from sglang.specprof.table import format_summary
-from sglang.specprof.window import Series, bucket_of, percentile
+from sglang_specprof.ranks import RankExchange
+from sglang_specprof.table import format_summary
+from sglang_specprof.window import Series, bucket_of, percentile
 
 PHASES = [("draft_prep", 0.5), ("draft", 0.7), ("tree", 0.1), ("verify", 6.0), ("accept", 0.3), ("draft_extend", 1.0)]
 

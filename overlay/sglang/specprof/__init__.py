@@ -1,9 +1,5 @@
 """sglang-specprof: phase-by-phase timing of EAGLE / EAGLE3 speculative decoding.
 
-The analysis modules (window, stats, schema) are plain Python and import neither
-torch nor the rest of SGLang, so profiles can be read anywhere.
+This package runs in the server (hooks, the profiler, CUDA events, outputs); the analysis
+it shares with the offline tools is the top-level package sglang_specprof.
 """
-
-__all__ = ["SCHEMA_VERSION"]
-
-SCHEMA_VERSION = 1

@@ -60,7 +60,7 @@ def install(server_args, tp_rank: int = 0, worker: str = "v2") -> None:
         if config["tp_size"] > 1:
             import tempfile
 
-            from .ranks import RankExchange
+            from sglang_specprof.ranks import RankExchange
 
             folder = os.path.join(tempfile.gettempdir(), f"sglang-specprof-{getattr(server_args, 'port', 0)}")
             exchange = RankExchange(folder, tp_rank, config["tp_size"])

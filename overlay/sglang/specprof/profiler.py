@@ -20,7 +20,7 @@ import logging
 import time
 from collections import deque
 
-from .window import Cycle, Window
+from sglang_specprof.window import Cycle, Window
 
 logger = logging.getLogger("sglang.specprof")
 
@@ -121,7 +121,6 @@ class Profiler(NullProfiler):
         self.capture_s: dict = {}
         self.accept_queue: deque = deque(maxlen=POOL)
         self._latest = None
-        self.eager_steps: list = []
         # Since start: decode cycles and the GPU milliseconds of each phase, so that any two
         # reads of /server_info give the exact totals of the cycles between them.
         self.totals = {"decode_cycles": 0, "prefill_cycles": 0, "phase_gpu_ms": {}, "committed_tokens": 0}
@@ -189,10 +188,7 @@ class Profiler(NullProfiler):
                 s = self.cur
                 if s is None or s.n >= MAX_MARKS:
                     return
-                if i == 0:
-                    s.steps_key = "eager"
-                    s.steps_replay = len(self.eager_steps)
-                    s.steps_ms = []
+                s.steps_key = "eager"  # step marks among the cycle's own, read with the phases
                 self._record(s, f"step{i}")
         except Exception as e:
             self._fail(e)
@@ -369,7 +365,7 @@ class Profiler(NullProfiler):
                 self.exchange = None
         self._latest = summary
         if self.log_table:
-            from .table import format_summary
+            from sglang_specprof.table import format_summary
             logger.info("speculative profile\n%s", format_summary(summary))
         for sink in list(self.sinks):
             try:

@@ -39,6 +39,9 @@ def format_summary(s: dict) -> str:
             lines.append(f"    draft steps gpu ms: {steps}")
         gr = b["graph"]
         lines.append(f"    graph replays {gr['replays']} eager {gr['eager']} padding {_f(gr['padding_mean'], 2)}")
+        advice = _advice_line(b, cfg)
+        if advice:
+            lines.append(advice)
         slow = [n for n, p in b["phases"].items() if p["host_ms"]["mean"] is not None and p["gpu_ms"]["mean"]
                 is not None and p["host_ms"]["mean"] > p["gpu_ms"]["mean"] + 0.05]
         if slow:
@@ -52,3 +55,23 @@ def format_summary(s: dict) -> str:
     if s.get("dropped_cycles") or s.get("steps_lost"):
         lines.append(f"  dropped cycles {s.get('dropped_cycles')}, draft-step reads lost {s.get('steps_lost')}")
     return "\n".join(lines)
+
+
+def _advice_line(bucket: dict, cfg: dict) -> str | None:
+    """One line of the step-count advisor for the live log; never raises."""
+    try:
+        from .advisor import inputs_from_bucket, predict
+
+        steps = cfg.get("num_steps")
+        inp = inputs_from_bucket(bucket, steps) if steps else None
+        if inp is None:
+            return None
+        adv = predict(inp)
+        best = next(r for r in adv["rows"] if r["steps"] == adv["best"])
+        if adv["best"] == steps:
+            return f"    advisor: --speculative-num-steps {steps} is the best predicted"
+        topk = " with topk 1" if (cfg.get("topk") or 1) > 1 else ""
+        return (f"    advisor: --speculative-num-steps {best['steps']}{topk} predicted {_f(best['tokens_per_s'], 1)} "
+                f"tok/s ({100 * (adv['expected_gain'] or 0):+.1f}%, range {_f(best['low'], 1)}-{_f(best['high'], 1)})")
+    except Exception:
+        return None

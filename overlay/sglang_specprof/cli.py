@@ -1,0 +1,63 @@
+"""sglang-specprof: read the profiles a --speculative-profile server writes.
+
+    sglang-specprof report PROFILE.jsonl [--last N] [--json]
+    sglang-specprof report http://HOST:PORT            # the live server's latest window
+    sglang-specprof compare A.jsonl B.jsonl [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from . import compare as compare_mod, report
+from .schema import ProfileError
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="sglang-specprof", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+    r = sub.add_parser("report", help="per-phase table, acceptance, tokens/s and the step-count advisor")
+    r.add_argument("source", help="a profile JSONL file, or http://host:port of a running server")
+    r.add_argument("--last", type=int, metavar="N", help="only the last N windows")
+    r.add_argument("--json", action="store_true", help="print the merged summary and the advice as JSON")
+    c = sub.add_parser("compare", help="what changed from run A to run B, against run-to-run noise")
+    c.add_argument("a")
+    c.add_argument("b")
+    c.add_argument("--json", action="store_true")
+    return p
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        if args.command == "report":
+            if args.last is not None and args.last < 1:
+                raise report.SourceError("--last must be 1 or more")
+            windows, notes = report.load(args.source, args.last)
+            for n in notes:
+                print(f"sglang-specprof: note: {n}", file=sys.stderr)
+            summary = report.summarize(windows)
+            advice = report.advise(summary)
+            if args.json:
+                print(json.dumps({"summary": summary, "advice": advice}, indent=1))
+            else:
+                print(report.render(summary, advice))
+        else:
+            (wa, na), (wb, nb) = report.load(args.a), report.load(args.b)
+            for n in na + nb:
+                print(f"sglang-specprof: note: {n}", file=sys.stderr)
+            result = compare_mod.compare(wa, wb)
+            print(json.dumps(result, indent=1) if args.json else compare_mod.format_compare(result, args.a, args.b))
+        return 0
+    except (ProfileError, report.SourceError) as e:
+        print(f"sglang-specprof: error: {e}", file=sys.stderr)
+        return 1
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

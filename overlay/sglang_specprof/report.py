@@ -1,0 +1,175 @@
+"""Merge a profile's windows into one summary per batch-size bucket, and report it."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+
+from . import advisor, schema
+from .table import format_summary
+
+
+class SourceError(ValueError):
+    """A profile that cannot be read; the message is one sentence."""
+
+
+def load(source: str, last: int | None = None) -> tuple[list[dict], list[str]]:
+    """Windows from a JSONL file, or the latest window of a live server (http://host:port)."""
+    if source.startswith(("http://", "https://")):
+        url = source.rstrip("/") + "/server_info"
+        try:
+            with urllib.request.urlopen(url, timeout=30) as r:
+                info = json.load(r)
+        except (OSError, ValueError) as e:
+            raise SourceError(f"cannot read {url}: {e}") from None
+        wins = []
+        for st in info.get("internal_states") or []:
+            prof = (st or {}).get("speculative_profile") or {}
+            if prof.get("latest"):
+                wins.append(prof["latest"])
+        if not wins:
+            raise SourceError(f"{source} reports no profile window yet (is --speculative-profile on, "
+                              f"and have {''}enough decode cycles run to close a window?)")
+        return wins, []
+    try:
+        windows, notes = schema.read(source, skip_torn=True)
+    except FileNotFoundError:
+        raise SourceError(f"{source}: no such file") from None
+    except IsADirectoryError:
+        raise SourceError(f"{source} is a folder, not a profile") from None
+    if not windows:
+        raise SourceError(f"{source} holds no profile window")
+    return (windows[-last:] if last else windows), notes
+
+
+def _wmean(pairs):
+    pairs = [(v, n) for v, n in pairs if v is not None and n]
+    tot = sum(n for _, n in pairs)
+    return sum(v * n for v, n in pairs) / tot if tot else None
+
+
+def _wmedian(pairs):
+    pairs = sorted((v, n) for v, n in pairs if v is not None and n)
+    tot = sum(n for _, n in pairs)
+    acc = 0
+    for v, n in pairs:
+        acc += n
+        if acc >= tot / 2:
+            return v
+    return None
+
+
+def _merge_stats(stats: list[dict]) -> dict:
+    """Count-weighted mean; the percentiles are count-weighted medians of the windows' ones."""
+    pairs = [(s, s.get("n") or 0) for s in stats]
+    out = {"n": sum(n for _, n in pairs)}
+    out["mean"] = _r(_wmean([(s["mean"], n) for s, n in pairs]))
+    for q in ("p50", "p90", "p99"):
+        out[q] = _r(_wmedian([(s[q], n) for s, n in pairs]))
+    return out
+
+
+def _r(x):
+    return None if x is None else round(x, 4)
+
+
+def merge_buckets(windows: list[dict]) -> dict:
+    keys = []
+    for w in windows:
+        for k in w["buckets"]:
+            if k not in keys:
+                keys.append(k)
+    merged = {}
+    for key in sorted(keys, key=lambda k: int(k.split("-")[0])):
+        bs = [w["buckets"][key] for w in windows if key in w["buckets"]]
+        cycles = sum(b["cycles"] for b in bs)
+        names = []
+        for b in bs:
+            for n in b["phases"]:
+                if n not in names:
+                    names.append(n)
+        phases = {n: {"gpu_ms": _merge_stats([b["phases"][n]["gpu_ms"] for b in bs if n in b["phases"]]),
+                      "host_ms": _merge_stats([b["phases"][n]["host_ms"] for b in bs if n in b["phases"]])}
+                  for n in names}
+        cyc = _merge_stats([b["cycle_gpu_ms"] for b in bs])
+        for p in phases.values():
+            p["share"] = _r(p["gpu_ms"]["mean"] / cyc["mean"]) if cyc["mean"] and p["gpu_ms"]["mean"] is not None else None
+        nsteps = max((len(b["draft_steps_gpu_ms"]) for b in bs), default=0)
+        steps = [_merge_stats([b["draft_steps_gpu_ms"][i] for b in bs if len(b["draft_steps_gpu_ms"]) > i])
+                 for i in range(nsteps)]
+        hist = []
+        for b in bs:
+            for i, c in enumerate(b["accept"]["histogram"]):
+                while len(hist) <= i:
+                    hist.append(0)
+                hist[i] += c
+        verified = sum(hist)
+        committed = sum(b["accept"]["committed_tokens"] for b in bs)
+        # reached[p]: requests whose first p drafts were all accepted (accept length >= p + 1)
+        positions = max([len(hist) - 1] + [len(b["accept"]["per_position"]) for b in bs])
+        reached = [sum(hist[p + 1:]) for p in range(positions + 1)]
+        per_position = [_r(reached[p] / reached[p - 1]) if reached[p - 1] else None for p in range(1, len(reached))]
+        busy = sum(b["accept"]["committed_tokens"] / b["tokens_per_s"] for b in bs if b.get("tokens_per_s"))
+        counted = sum(b["accept"]["committed_tokens"] for b in bs if b.get("tokens_per_s"))
+        wall = _merge_stats([b["cycle_wall_ms"] for b in bs])
+        gap = _merge_stats([b["between_cycles_gpu_ms"] for b in bs])
+        accept_cycles = sum(b["accept"]["committed_tokens"] / b["accept"]["tokens_per_cycle"]
+                            for b in bs if b["accept"].get("tokens_per_cycle"))
+        merged[key] = {
+            "cycles": cycles,
+            "prefill_cycles": sum(b["prefill_cycles"] for b in bs),
+            "phases": phases,
+            "draft_steps_gpu_ms": steps,
+            "cycle_gpu_ms": cyc,
+            "between_cycles_gpu_ms": gap,
+            "cycle_wall_ms": wall,
+            "accounted": _r((cyc["mean"] + (gap["mean"] or 0)) / wall["mean"]) if wall["mean"] and cyc["mean"] else None,
+            "graph": {
+                "replays": {g: sum(b["graph"]["replays"].get(g, 0) for b in bs) for g in ("draft", "verify", "draft_extend")},
+                "eager": {g: sum(b["graph"]["eager"].get(g, 0) for b in bs) for g in ("draft", "verify", "draft_extend")},
+                "padding_mean": _r(_wmean([(b["graph"]["padding_mean"], b["cycles"]) for b in bs])),
+            },
+            "accept": {"verified_requests": verified, "mean_length": _r(committed / verified) if verified else None,
+                       "histogram": hist, "per_position": per_position, "committed_tokens": committed,
+                       "tokens_per_cycle": _r(committed / accept_cycles) if accept_cycles else None},
+            "tokens_per_s": _r(counted / busy) if busy else None,
+        }
+    return merged
+
+
+def summarize(windows: list[dict]) -> dict:
+    buckets = merge_buckets(windows)
+    busy = sum(w["seconds"] or 0 for w in windows)
+    committed = sum(b["accept"]["committed_tokens"] for w in windows for b in w["buckets"].values())
+    first = windows[0]
+    return {"window": f"{first['window']}-{windows[-1]['window']}" if len(windows) > 1 else first["window"],
+            "rank": first.get("rank"), "config": first.get("config", {}),
+            "decode_cycles": sum(w["decode_cycles"] for w in windows), "seconds": _r(busy),
+            "tokens_per_s": _r(committed / busy) if busy else None, "buckets": buckets,
+            "dropped_cycles": max((w.get("dropped_cycles") or 0) for w in windows),
+            "steps_lost": max((w.get("steps_lost") or 0) for w in windows)}
+
+
+def advise(summary: dict) -> dict:
+    """The advisor for each bucket of a merged summary."""
+    steps = summary.get("config", {}).get("num_steps")
+    topk = summary.get("config", {}).get("topk")
+    out = {}
+    if not steps:
+        return out
+    fit = advisor.fit_verify(summary["buckets"], steps)
+    for key, b in summary["buckets"].items():
+        inp = advisor.inputs_from_bucket(b, steps, fit)
+        if inp is None:
+            continue
+        if topk and topk > 1:
+            inp.notes.append(f"profiled with topk {topk}; the advice is for topk 1")
+        out[key] = advisor.predict(inp)
+    return out
+
+
+def render(summary: dict, advice: dict) -> str:
+    text = [format_summary(summary)]
+    for key, adv in advice.items():
+        text.append(f"bs {key} " + advisor.format_advice(adv))
+    return "\n".join(text)

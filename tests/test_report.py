@@ -1,0 +1,174 @@
+"""The offline tools: the advisor's model, report, compare, and their bad input."""
+import copy
+import json
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+import pytest
+
+from fakes import FakeBackend  # noqa: F401  (puts overlay/ on the path)
+from sglang_specprof import advisor, cli, compare, report
+
+DATA = Path(__file__).resolve().parent / "data"
+V2 = DATA / "profile-0.5.12-eagle3-v2-topk1.jsonl"
+V1 = DATA / "profile-0.5.12-eagle3-v1-topk2.jsonl"
+
+
+def test_expected_tokens_formula():
+    assert advisor.expected_tokens([1.0, 1.0, 0.0], 3) == 3.0
+    assert advisor.expected_tokens([0.5, 0.5], 2) == pytest.approx(1 + 0.5 + 0.25)
+    # beyond the measured positions the last rate carries on
+    assert advisor.expected_tokens([0.5], 3) == pytest.approx(1 + 0.5 + 0.25 + 0.125)
+
+
+def story_inputs(verify_fit):
+    """A cycle like the one in the story: verify 95% of it (24 ms at 6 tokens), acceptance ~47%."""
+    return advisor.Inputs(
+        steps=5, batch=1.0,
+        phases={"draft_prep": 0.1, "draft": 1.2, "tree": 0.05, "verify": 24.0, "accept": 0.1, "draft_extend": 0.35},
+        between_ms=0.2, wall_ms=26.0, step_ms=[0.22, 0.22, 0.22, 0.22, 0.02],
+        per_position=[0.7, 0.55, 0.45, 0.4, 0.35], verify_fit=verify_fit)
+
+
+def test_story_two_steps_beat_five_when_verify_grows_with_tokens():
+    # verify measured to grow 2 ms per extra token (MoE experts, TP communication)
+    adv = advisor.predict(story_inputs((12.0, 2.0)))
+    rows = {r["steps"]: r for r in adv["rows"]}
+    assert adv["best"] == 2
+    assert rows[2]["tokens_per_s"] > rows[5]["tokens_per_s"] * 1.15
+    assert adv["expected_gain"] > 0.15
+    assert rows[5]["tokens_per_s"] == pytest.approx(1000 * advisor.expected_tokens([0.7, 0.55, 0.45, 0.4, 0.35], 5) / 26.0, rel=1e-3)
+
+
+def test_flat_verify_favours_more_steps_and_the_bounds_say_so():
+    adv = advisor.predict(story_inputs(None))
+    assert adv["verify_growth"].startswith("bounded")
+    assert adv["best"] >= 5
+    assert 2 in adv["within_uncertainty"]  # proportional growth would favour 2: the answer is uncertain
+    for r in adv["rows"]:
+        assert r["low"] <= r["tokens_per_s"] <= r["high"]
+
+
+def test_simulated_acceptance_of_three_advises_two_steps():
+    windows, _ = report.load(str(V2))
+    summary = report.summarize(windows[1:10])  # one request at a time
+    adv = report.advise(summary)["1"]
+    assert adv["profiled_steps"] == 3 and adv["best"] == 2
+    rows = {r["steps"]: r for r in adv["rows"]}
+    assert rows[2]["expected_tokens"] == rows[3]["expected_tokens"] == 3.0
+    assert rows[3]["tokens_per_s"] == pytest.approx(summary["buckets"]["1"]["tokens_per_s"], rel=0.02)
+
+
+def test_fit_verify_recovers_a_line():
+    b = lambda v, reqs, cycles: {"cycles": cycles, "phases": {"verify": {"gpu_ms": {"mean": v}}},  # noqa: E731
+                                 "accept": {"verified_requests": reqs}}
+    fit = advisor.fit_verify({"1": b(6.0 + 0.5 * 4, 100, 100), "3-4": b(6.0 + 0.5 * 16, 400, 100)}, 3)
+    assert fit == pytest.approx((6.0, 0.5))
+    assert advisor.fit_verify({"1": b(8.0, 100, 100)}, 3) is None
+
+
+def test_merge_is_exact_for_counts_and_means():
+    windows, _ = report.load(str(V2))
+    merged = report.summarize(windows)["buckets"]["1"]
+    ones = [w["buckets"]["1"] for w in windows if "1" in w["buckets"]]
+    assert merged["cycles"] == sum(b["cycles"] for b in ones)
+    assert merged["accept"]["committed_tokens"] == sum(b["accept"]["committed_tokens"] for b in ones)
+    n = sum(b["phases"]["verify"]["gpu_ms"]["n"] for b in ones)
+    mean = sum(b["phases"]["verify"]["gpu_ms"]["mean"] * b["phases"]["verify"]["gpu_ms"]["n"] for b in ones) / n
+    assert merged["phases"]["verify"]["gpu_ms"]["mean"] == pytest.approx(mean, abs=1e-3)
+    assert merged["accept"]["per_position"] == pytest.approx([1.0, 1.0, 0.0], abs=0.03)
+
+
+def run_cli(*argv, capsys):
+    code = cli.main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_report_prints_table_and_advice(capsys):
+    code, out, err = run_cli("report", str(V1), capsys=capsys)
+    assert code == 0 and err == ""
+    assert "EAGLE3 v1 steps=3 topk=2" in out and "    verify " in out and "free_kv" in out
+    assert "best: --speculative-num-steps" in out and "note: profiled with topk 2; the advice is for topk 1" in out
+
+
+def test_report_json(capsys):
+    code, out, _ = run_cli("report", str(V2), "--last", "3", "--json", capsys=capsys)
+    data = json.loads(out)
+    assert code == 0 and data["summary"]["decode_cycles"] == 300 and "3-4" in data["advice"]
+
+
+def test_truncated_profile_is_reported_and_read(tmp_path, capsys):
+    p = tmp_path / "cut.jsonl"
+    text = V2.read_text()
+    p.write_text(text + text.splitlines()[0][:99])
+    code, out, err = run_cli("report", str(p), capsys=capsys)
+    assert code == 0 and f"{p} line 21 is cut short" in err and "window 0-19" in out
+
+
+@pytest.mark.parametrize("content, says", [
+    ('{"not": "a profile"}\n', "line 1 is not a sglang-specprof/1 window"),
+    ("[1, 2, 3]\n", "line 1 is not a sglang-specprof/1 window: not a JSON object"),
+    ("", "holds no profile window"),
+])
+def test_foreign_input_is_one_error_naming_the_line(tmp_path, capsys, content, says):
+    p = tmp_path / "x.jsonl"
+    p.write_text(V2.read_text().splitlines()[0] + "\n" + content if content else "")
+    code, out, err = run_cli("report", str(p), capsys=capsys)
+    assert code == 1 and out == ""
+    assert err.count("\n") == 1 and err.startswith("sglang-specprof: error: ")
+    assert says.replace("line 1", "line 2") in err if content else says in err
+
+
+def test_missing_file_and_bad_flags(tmp_path, capsys):
+    code, _, err = run_cli("report", str(tmp_path / "none.jsonl"), capsys=capsys)
+    assert code == 1 and "no such file" in err
+    code, _, err = run_cli("report", str(V2), "--last", "0", capsys=capsys)
+    assert code == 1 and "--last must be 1 or more" in err
+    code, _, err = run_cli("report", "http://127.0.0.1:9", capsys=capsys)
+    assert code == 1 and "cannot read http://127.0.0.1:9/server_info" in err
+
+
+def test_compare_with_itself_is_within_noise():
+    windows, _ = report.load(str(V2))
+    result = compare.compare(windows[11:20], windows[11:20])
+    for r in result["3-4"]:
+        assert r["delta"] == 0 and r["verdict"] == "within noise"
+
+
+def slower_verify(windows, factor):
+    b = copy.deepcopy(windows)
+    for w in b:
+        w["buckets"]["3-4"]["phases"]["verify"]["gpu_ms"]["mean"] *= factor
+    return b
+
+
+def test_compare_finds_a_slower_verify_and_weighs_it_against_the_drift():
+    windows, _ = report.load(str(V2))
+    a = windows[11:20]  # verify drifts from 5.9 to 10.8 ms over these windows as the context grows
+    rows = {r["metric"]: r for r in compare.compare(a, slower_verify(a, 1.5))["3-4"]}
+    assert rows["verify gpu ms"]["verdict"] == "beyond noise"
+    assert rows["verify gpu ms"]["relative"] == pytest.approx(0.5, abs=1e-3)
+    assert rows["draft gpu ms"]["verdict"] == "within noise"
+    rows = {r["metric"]: r for r in compare.compare(a, slower_verify(a, 1.1))["3-4"]}
+    assert rows["verify gpu ms"]["verdict"] == "within noise"  # 10% is inside this run's own spread
+    b = slower_verify(a, 1.5)
+    few = compare.compare(a[:2], b[:2])["3-4"]
+    assert all(r["verdict"] == "too few windows to judge" for r in few)
+
+
+def test_console_script_runs_with_only_the_wheel(tmp_path, built_wheel):
+    """pip install --no-deps: no torch, no numpy; the command must still read a profile."""
+    env = tmp_path / "venv"
+    venv.EnvBuilder(with_pip=True).create(env)
+    subprocess.run([str(env / "bin" / "python"), "-m", "pip", "install", "-q", "--no-deps", str(built_wheel)],
+                   check=True)
+    proc = subprocess.run([str(env / "bin" / "sglang-specprof"), "report", str(V2), "--last", "2"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "advisor (profiled at 3 steps" in proc.stdout
+    proc = subprocess.run([str(env / "bin" / "python"), "-m", "sglang_specprof", "compare", str(V2), str(V1)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0 and "compare A = " in proc.stdout
