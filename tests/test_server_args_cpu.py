@@ -110,3 +110,28 @@ def test_no_flag_leaves_upstream_behaviour(site):
     proc = run(site, "--model-path", "m")
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"algo": None, "profile": False, "interval": 100, "output": None}
+
+
+def test_the_server_side_profiler_imports_from_the_wheel(site):
+    """What the patched workers import, with CPU torch: the hooks, the profiler, the CUDA backend,
+    and the analysis they share with the offline tools. Without a GPU, install() must fall back
+    to the null profiler with a warning instead of failing the worker."""
+    code = textwrap.dedent("""
+        import logging, types
+        logging.basicConfig(level=logging.WARNING)
+        from sglang.specprof import hooks, profiler, jsonl, metrics, cuda_backend
+        from sglang_specprof import table, window, advisor, schema
+        args = types.SimpleNamespace(speculative_profile=True, speculative_algorithm="EAGLE3",
+                                     speculative_num_steps=3, speculative_eagle_topk=1,
+                                     speculative_num_draft_tokens=4, speculative_profile_interval=100,
+                                     speculative_profile_output=None, tp_size=1, enable_metrics=False)
+        hooks.install(args, 0, "v2")
+        assert not hooks.P.enabled
+        hooks.P.begin("decode", 1); hooks.P.mark("verify"); hooks.P.end(); hooks.P.harvest([2])
+        print("imports ok")
+    """)
+    env = dict(os.environ, PYTHONPATH=str(site))
+    proc = subprocess.run([import_python(), "-c", code], capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert "imports ok" in proc.stdout
+    assert "speculative profile could not start" in proc.stderr
