@@ -172,3 +172,65 @@ def test_console_script_runs_with_only_the_wheel(tmp_path, built_wheel):
     proc = subprocess.run([str(env / "bin" / "python"), "-m", "sglang_specprof", "compare", str(V2), str(V1)],
                           capture_output=True, text=True)
     assert proc.returncode == 0 and "compare A = " in proc.stdout
+
+
+def fake_profile(path, windows=3, bs=2):
+    """A profile written by the real profiler and JSONL writer, driven by fake events."""
+    from sglang.specprof.jsonl import JsonlSink
+    from sglang.specprof.profiler import Profiler
+    from test_profiler import run_cycle
+
+    b = FakeBackend()
+    p = Profiler(b, interval=10, sink=JsonlSink(str(path)), config={"num_steps": 3, "topk": 1}, clock=b.clock,
+                 log_table=False)
+    for _ in range(10 * windows + 1):
+        run_cycle(p, b, bs=bs, host_scale=0.5)
+    return path
+
+
+def test_trace_of_sampled_cycles(tmp_path, capsys):
+    prof = fake_profile(tmp_path / "p.jsonl")
+    out = tmp_path / "trace.json"
+    code, _, err = run_cli("report", str(prof), "--trace", str(out), capsys=capsys)
+    assert code == 0 and "trace of 24 cycles" in err
+    tr = json.loads(out.read_text())
+    slices = [e for e in tr["traceEvents"] if e["ph"] == "X"]
+    names = {e["args"]["name"] for e in tr["traceEvents"] if e["ph"] == "M"}
+    assert names == {"rank 0", "GPU (CUDA events)", "host"}
+    cycles = [e for e in slices if e["name"].startswith("cycle bs=2")]
+    assert len(cycles) == 2 * 24  # one slice on the GPU track, one on the host track
+    gpu_cycles = [e for e in cycles if e["tid"] == 1]
+    for c in gpu_cycles:
+        inside = [e for e in slices if e["tid"] == 1 and not e["name"].startswith("cycle")
+                  and c["ts"] <= e["ts"] and e["ts"] + e["dur"] <= c["ts"] + c["dur"] + 1e-3]
+        assert [e["name"] for e in inside] == ["draft_prep", "draft", "tree", "verify", "accept", "draft_extend"]
+        assert [e["dur"] for e in inside] == pytest.approx([500, 700, 100, 6000, 300, 1000])
+        assert c["dur"] == pytest.approx(8600)
+    host_verify = [e for e in slices if e["tid"] == 2 and e["name"] == "verify"]
+    assert all(e["dur"] == pytest.approx(3000) for e in host_verify)  # the host ran at half the GPU's pace
+    starts = sorted(c["ts"] for c in gpu_cycles)
+    assert starts == sorted(set(starts))  # cycles do not sit on top of one another
+
+
+def test_trace_of_a_profile_without_samples_is_one_error(tmp_path, capsys):
+    code, out, err = run_cli("report", str(V2), "--trace", str(tmp_path / "t.json"), capsys=capsys)
+    assert code == 1 and "holds no sampled cycles to trace" in err and not (tmp_path / "t.json").exists()
+
+
+def test_plot(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    import matplotlib.image
+
+    from sglang_specprof.plot import plot
+
+    windows, _ = report.load(str(V2))
+    summary = report.summarize(windows)
+    drawn = plot(summary, str(tmp_path / "direct.png"))
+    assert drawn["phases"]["verify"] == [summary["buckets"][k]["phases"]["verify"]["gpu_ms"]["mean"] for k in ("1", "3-4")]
+    assert drawn["per_position"]["1"] == pytest.approx([1.0, 1.0, 0.0], abs=0.03)
+    code, _, err = run_cli("report", str(V2), "--plot", str(tmp_path / "fig.png"), capsys=capsys)
+    assert code == 0 and "figure in" in err
+    img = matplotlib.image.imread(str(tmp_path / "fig.png"))
+    assert img.shape[0] > 500 and img.shape[1] > 1500
+    code, _, err = run_cli("report", str(V2), "--plot", str(tmp_path / "no" / "fig.png"), capsys=capsys)
+    assert code == 1 and "cannot write" in err

@@ -1,6 +1,6 @@
 """sglang-specprof: read the profiles a --speculative-profile server writes.
 
-    sglang-specprof report PROFILE.jsonl [--last N] [--json]
+    sglang-specprof report PROFILE.jsonl [--last N] [--json] [--plot out.png] [--trace out.json]
     sglang-specprof report http://HOST:PORT            # the live server's latest window
     sglang-specprof compare A.jsonl B.jsonl [--json]
 """
@@ -23,11 +23,21 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("source", help="a profile JSONL file, or http://host:port of a running server")
     r.add_argument("--last", type=int, metavar="N", help="only the last N windows")
     r.add_argument("--json", action="store_true", help="print the merged summary and the advice as JSON")
+    r.add_argument("--plot", metavar="PNG", help="also draw the phases, acceptance and cycle times (needs matplotlib)")
+    r.add_argument("--trace", metavar="JSON", help="also write a Chrome/Perfetto trace of the sampled cycles")
     c = sub.add_parser("compare", help="what changed from run A to run B, against run-to-run noise")
     c.add_argument("a")
     c.add_argument("b")
     c.add_argument("--json", action="store_true")
     return p
+
+
+def _write(path: str, text: str) -> None:
+    try:
+        with open(path, "w") as f:
+            f.write(text)
+    except OSError as e:
+        raise report.SourceError(f"cannot write {path}: {e.strerror}") from None
 
 
 def main(argv=None) -> int:
@@ -45,6 +55,26 @@ def main(argv=None) -> int:
                 print(json.dumps({"summary": summary, "advice": advice}, indent=1))
             else:
                 print(report.render(summary, advice))
+            if args.trace:
+                from .trace import trace
+
+                tr = trace(windows)
+                if not tr["otherData"]["cycles"]:
+                    raise report.SourceError(f"{args.source} holds no sampled cycles to trace "
+                                             f"(it was written by a build that did not keep them)")
+                _write(args.trace, json.dumps(tr))
+                print(f"sglang-specprof: trace of {tr['otherData']['cycles']} cycles in {args.trace} "
+                      f"(open it in ui.perfetto.dev or chrome://tracing)", file=sys.stderr)
+            if args.plot:
+                from .plot import plot
+
+                try:
+                    plot(summary, args.plot)
+                except RuntimeError as e:
+                    raise report.SourceError(str(e)) from None
+                except OSError as e:
+                    raise report.SourceError(f"cannot write {args.plot}: {e.strerror}") from None
+                print(f"sglang-specprof: figure in {args.plot}", file=sys.stderr)
         else:
             (wa, na), (wb, nb) = report.load(args.a), report.load(args.b)
             for n in na + nb:

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import math
 import random
+from collections import deque
 from dataclasses import dataclass, field
 
 SAMPLES_PER_SERIES = 2048  # reservoir size: memory stays bounded whatever the window length
+CYCLE_SAMPLES = 8  # whole cycles kept per window, for timelines (the report's --trace)
 
 
 @dataclass
@@ -25,6 +27,8 @@ class Cycle:
     gap_gpu_ms: float | None = None  # GPU time from the previous cycle's end to this one's start
     period_host_ms: float | None = None  # host time from the previous cycle's start to this one's
     graph: dict | None = None  # {"draft": bool, "verify": bool, "draft_extend": bool, "padded_bs": int}
+    host_start_s: float | None = None  # host clock at the cycle's first mark
+    host_offsets_ms: list[float] = field(default_factory=list)  # each phase's host start, from the first mark
 
 
 def bucket_of(bs: int) -> str:
@@ -209,6 +213,7 @@ class Window:
         self.decode_cycles = 0
         self.first_host_s: float | None = None
         self.last_host_s: float | None = None
+        self.samples: deque = deque(maxlen=CYCLE_SAMPLES)
 
     def bucket(self, bs: int) -> Bucket:
         key = bucket_of(bs)
@@ -221,6 +226,8 @@ class Window:
         self.bucket(c.bs).add_cycle(c)
         if c.kind == "decode":
             self.decode_cycles += 1
+            if c.host_start_s is not None and len(c.host_offsets_ms) == len(c.phases):
+                self.samples.append(c)
         if start_host_s is not None and self.first_host_s is None:
             self.first_host_s = start_host_s
         if end_host_s is not None:
@@ -244,4 +251,17 @@ class Window:
         busy = sum(b.busy_seconds() for b in self.buckets.values())
         return {"window": self.index, "decode_cycles": self.decode_cycles, "seconds": _r(busy),
                 "wall_seconds": _r(self.host_seconds),
-                "tokens_per_s": _r(committed / busy) if busy > 0 else None, "buckets": buckets}
+                "host_start_s": None if self.first_host_s is None else round(self.first_host_s, 6),
+                "tokens_per_s": _r(committed / busy) if busy > 0 else None, "buckets": buckets,
+                "samples": [self._sample(c) for c in self.samples]}
+
+    def _sample(self, c: Cycle) -> dict:
+        """One whole cycle: each phase's GPU start and time (from the cycle's first event) and
+        host start and time (from its first mark); `t_ms` places the cycle in the window."""
+        rows, gpu_at = [], 0.0
+        for (name, g, h), host_at in zip(c.phases, c.host_offsets_ms):
+            rows.append([name, _r(gpu_at), _r(g), _r(host_at), _r(h)])
+            gpu_at += g
+        t = (c.host_start_s - self.first_host_s) * 1000.0 if self.first_host_s is not None else 0.0
+        return {"t_ms": _r(t), "bs": c.bs, "phases": rows, "steps_gpu_ms": [_r(x) for x in c.steps_gpu_ms],
+                "gap_ms": None if c.gap_gpu_ms is None else _r(c.gap_gpu_ms)}

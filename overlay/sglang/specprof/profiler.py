@@ -289,6 +289,7 @@ class Profiler(NullProfiler):
         el = self.backend.elapsed
         ev = s.events
         phases = []
+        offsets = []  # host start of each phase, from the cycle's first mark
         steps = []
         boundary = 0  # index of the mark that opened the current phase
         last_step = None
@@ -302,6 +303,7 @@ class Profiler(NullProfiler):
                 continue
             last_step = None
             phases.append((name, el(ev[boundary], ev[i]), (s.host[i] - s.host[boundary]) * 1000.0))
+            offsets.append((s.host[boundary] - s.host[0]) * 1000.0)
             boundary = i
         if s.steps_key not in (None, "eager"):
             if s.steps_ms is None and s.steps_replay == self.replays.get(s.steps_key, 0):
@@ -315,7 +317,7 @@ class Profiler(NullProfiler):
             gap = el(p.events[p.n - 1], ev[0])
             period = (s.host[0] - p.host[0]) * 1000.0
         c = Cycle(kind=s.kind, bs=s.bs, phases=phases, steps_gpu_ms=steps, gap_gpu_ms=gap,
-                  period_host_ms=period, graph=s.graph)
+                  period_host_ms=period, graph=s.graph, host_start_s=s.host[0], host_offsets_ms=offsets)
         t = self.totals
         t[s.kind + "_cycles"] = t.get(s.kind + "_cycles", 0) + 1
         if s.kind == "decode":

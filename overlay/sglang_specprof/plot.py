@@ -1,0 +1,69 @@
+"""One figure of a merged profile: where the cycle goes, acceptance by position, cycle times."""
+
+from __future__ import annotations
+
+
+def plot(summary: dict, path: str) -> dict:
+    """Write the figure to `path`; returns the numbers it drew (for checking)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise RuntimeError("--plot needs matplotlib: pip install matplotlib") from None
+    buckets = {k: b for k, b in summary["buckets"].items() if b["cycles"]}
+    keys = list(buckets)
+    names = []
+    for b in buckets.values():
+        for n in b["phases"]:
+            if n not in names:
+                names.append(n)
+    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(17, 5.5))
+    cfg = summary.get("config", {})
+    fig.suptitle(f"{cfg.get('algorithm')} {cfg.get('worker')} worker, steps {cfg.get('num_steps')}, topk "
+                 f"{cfg.get('topk')}: {summary.get('decode_cycles')} decode cycles, "
+                 f"{summary.get('tokens_per_s') or 0:.0f} tok/s")
+    drawn = {"phases": {}, "per_position": {}, "cycle_ms": {}}
+    cmap = plt.get_cmap("tab20")
+    bottoms = [0.0] * len(keys)
+    for i, n in enumerate(names + ["between cycles"]):
+        vals = []
+        for key in keys:
+            b = buckets[key]
+            if n == "between cycles":
+                vals.append(b["between_cycles_gpu_ms"]["mean"] or 0.0)
+            else:
+                vals.append((b["phases"].get(n, {}).get("gpu_ms", {}).get("mean")) or 0.0)
+        ax1.bar(keys, vals, bottom=bottoms, label=n, color=cmap(i % 20))
+        drawn["phases"][n] = vals
+        bottoms = [x + v for x, v in zip(bottoms, vals)]
+    ax1.set_title("Where a decode cycle goes (GPU ms, mean)")
+    ax1.set_xlabel("batch size")
+    ax1.set_ylabel("ms")
+    ax1.legend(fontsize=8, loc="upper left")
+    for key in keys:
+        rates = buckets[key]["accept"]["per_position"]
+        xs = [i + 1 for i, a in enumerate(rates) if a is not None]
+        ys = [a for a in rates if a is not None]
+        ax2.plot(xs, ys, marker="o", label=f"bs {key}")
+        drawn["per_position"][key] = ys
+    ax2.set_ylim(-0.05, 1.05)
+    ax2.set_title("Acceptance by draft position\n(given all earlier drafts accepted)")
+    ax2.set_xlabel("draft position")
+    ax2.set_ylabel("acceptance rate")
+    ax2.legend(fontsize=8)
+    width = 0.8 / max(len(keys), 1)
+    for j, key in enumerate(keys):
+        st = buckets[key]["cycle_gpu_ms"]
+        qs = [st["p50"] or 0, st["p90"] or 0, st["p99"] or 0]
+        ax3.bar([x + j * width for x in range(3)], qs, width=width, label=f"bs {key}")
+        drawn["cycle_ms"][key] = qs
+    ax3.set_xticks([x + width * (len(keys) - 1) / 2 for x in range(3)], ["p50", "p90", "p99"])
+    ax3.set_title("Cycle GPU time distribution")
+    ax3.set_ylabel("ms")
+    ax3.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return drawn
