@@ -19,7 +19,7 @@ def plot(summary: dict, path: str) -> dict:
         for n in b["phases"]:
             if n not in names:
                 names.append(n)
-    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(17, 5.5))
+    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(18, 5.5), gridspec_kw={"width_ratios": [1.25, 1, 1]})
     cfg = summary.get("config", {})
     fig.suptitle(f"{cfg.get('algorithm')} {cfg.get('worker')} worker, steps {cfg.get('num_steps')}, topk "
                  f"{cfg.get('topk')}: {summary.get('decode_cycles')} decode cycles, "
@@ -41,13 +41,16 @@ def plot(summary: dict, path: str) -> dict:
     ax1.set_title("Where a decode cycle goes (GPU ms, mean)")
     ax1.set_xlabel("batch size")
     ax1.set_ylabel("ms")
-    ax1.legend(fontsize=8, loc="upper left")
+    handles, labels = ax1.get_legend_handles_labels()
+    ax1.legend(handles[::-1], labels[::-1], fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))  # top phase first
     for key in keys:
         rates = buckets[key]["accept"]["per_position"]
         xs = [i + 1 for i, a in enumerate(rates) if a is not None]
         ys = [a for a in rates if a is not None]
         ax2.plot(xs, ys, marker="o", label=f"bs {key}")
         drawn["per_position"][key] = ys
+    most = max((len(b["accept"]["per_position"]) for b in buckets.values()), default=1)
+    ax2.set_xticks(range(1, most + 1))
     ax2.set_ylim(-0.05, 1.05)
     ax2.set_title("Acceptance by draft position\n(given all earlier drafts accepted)")
     ax2.set_xlabel("draft position")
