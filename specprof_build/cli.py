@@ -34,6 +34,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--cache-dir", metavar="DIR", type=Path, default=None,
                    help="download cache (default: $SGLANG_SPECPROF_CACHE or ~/.cache/sglang-specprof)")
     p.add_argument("--offline", action="store_true", help="never download; use the cache or --from-wheel")
+    p.add_argument("--into", metavar="SITE", type=Path, default=None,
+                   help="instead of a wheel, patch the sglang already installed in SITE (the folder holding "
+                        "sglang/), after checking it is the release as published")
     p.add_argument("--patches", metavar="DIR", type=Path, default=None,
                    help="the folder of series (default: this checkout's patches/)")
     p.add_argument("-q", "--quiet", action="store_true", help="print only the wheel's path")
@@ -49,11 +52,29 @@ def check_out_dir(out: Path) -> None:
         raise BuildError(f"Cannot write the wheel into {out}: {e.strerror}.") from None
 
 
+def into(args, log) -> Path:
+    from . import inplace
+
+    t0 = time.monotonic()
+    if args.from_wheel or args.python_tag or args.platform or args.check:
+        raise BuildError("--into patches an installed sglang; leave out --from-wheel, --python-tag, --platform and --check.")
+    patches = args.patches or release.PATCHES
+    installed = inplace.installed_version(args.into)
+    if args.sglang and args.sglang != installed:
+        raise BuildError(f"--sglang {args.sglang}, but {args.into} holds sglang {installed}.")
+    rel = release.load(installed, patches)
+    added = inplace.apply_installed(args.into, rel, log)
+    log(f"done      {len(rel.patches)} patches and {len(added)} files into {args.into} in {time.monotonic() - t0:.1f} s")
+    return args.into
+
+
 def build(args, log) -> Path | None:
     t0 = time.monotonic()
     patches = args.patches or release.PATCHES
     if not patches.is_dir():
         raise BuildError(f"--patches {patches}: no such folder.")
+    if args.into is not None:
+        return into(args, log)
     version = args.sglang or release.default_release(patches)
     rel = release.load(version, patches)
     if args.from_wheel is not None:
@@ -72,6 +93,18 @@ def build(args, log) -> Path | None:
         tree = repack.unpack(source, work / "tree")
         log(f"unpack    {tree.name}")
         apply.apply_series(tree, rel.patches, log, write=not args.check)
+        from . import inplace
+
+        # The upstream hashes of the files the series touches, for --into; --check writes them once.
+        manifest = inplace.manifest_from_wheel(rel, source)
+        mpath = rel.directory / inplace.MANIFEST
+        if mpath.is_file():
+            if mpath.read_text() != manifest:
+                raise BuildError(f"{rel.directory.name}/{inplace.MANIFEST} does not match {name}; "
+                                 f"the series folder and the pin disagree.")
+        elif args.check:
+            mpath.write_text(manifest)
+            log(f"manifest  wrote {mpath.name} ({len(manifest.splitlines())} files)")
         if args.check:
             log(f"check     sglang {version}: {len(rel.patches)} patches apply with zero fuzz and zero offset")
             return None

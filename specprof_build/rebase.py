@@ -107,7 +107,13 @@ def _finish(work: Path, onto: str, accept_moves: bool, log) -> Path:
     tmp = release.PATCHES / f".sglang-{onto}.partial"
     shutil.rmtree(tmp, ignore_errors=True)
     export.write_series(tmp, named)
-    (tmp / "pin.toml").write_text(release.format_pin(release.Pin(**st["pin"])))
+    pin = release.Pin(**st["pin"])
+    (tmp / "pin.toml").write_text(release.format_pin(pin))
+    if st.get("new_wheel") and Path(st["new_wheel"]).is_file():
+        from . import inplace
+
+        rel = release.Release(onto, tmp, pin, [tmp / n for n, _ in named])
+        (tmp / inplace.MANIFEST).write_text(inplace.manifest_from_wheel(rel, Path(st["new_wheel"])))
     os.replace(tmp, dest)
     shutil.rmtree(work)
     log(f"export    {len(named)} patches into {dest}"
@@ -167,6 +173,7 @@ def rebase_trees(old: release.Release, old_wheel: Path, new_pin: release.Pin, ne
         _git(["checkout", "-q", "series"], work)
         (work / ".git" / "specprof-rebase.json").write_text(json.dumps({
             "from": from_version, "onto": onto, "names": names, "files": sorted(files),
+            "new_wheel": str(new_wheel),
             "hooks": hooks, "pin": {"version": new_pin.version, "revision": new_pin.revision,
                                     "artifacts": new_pin.artifacts, "note": new_pin.note}}))
     except BaseException:
