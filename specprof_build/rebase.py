@@ -81,8 +81,9 @@ def _conflict_message(work: Path, onto: str) -> str:
     name = st["names"].get(subject, subject or "a patch")
     files = _git(["diff", "--name-only", "--diff-filter=U"], work, check=False).stdout.split()
     return (f"{name} conflicts with sglang {onto} in {', '.join(files) or 'the tree'}. Resolve it in {work} "
-            f"(git add the files), then run: python build.py rebase --onto {onto} --continue; "
-            f"or give up with: python build.py rebase --onto {onto} --abort. Nothing was written to patches/.")
+            f"(git add the files; or drop the patch there with git rebase --skip), then run: "
+            f"python build.py rebase --onto {onto} --continue; or give up with: "
+            f"python build.py rebase --onto {onto} --abort. Nothing was written to patches/.")
 
 
 def _finish(work: Path, onto: str, accept_moves: bool, log) -> Path:
@@ -100,24 +101,28 @@ def _finish(work: Path, onto: str, accept_moves: bool, log) -> Path:
     notes = hookmap.moved({k: [tuple(x) for x in v] for k, v in st["hooks"].items()}, after)
     if notes and not accept_moves:
         raise BuildError(
-            "The series applies to sglang " + onto + ", but these hooks moved to other functions or vanished: "
-            + "; ".join(notes) + f". Check each in {work}, amend if needed, then rerun with --continue "
-            f"--accept-hook-moves.")
+            f"The series applies to sglang {onto}, but these hooks moved to other functions or vanished "
+            f"(before -> after):\n" + "".join(f"  {n}\n" for n in notes)
+            + f"Check each in {work}, amend if needed, then rerun with --continue --accept-hook-moves.")
     dest = release.PATCHES / f"sglang-{onto}"
     tmp = release.PATCHES / f".sglang-{onto}.partial"
     shutil.rmtree(tmp, ignore_errors=True)
-    export.write_series(tmp, named)
-    pin = release.Pin(**st["pin"])
-    (tmp / "pin.toml").write_text(release.format_pin(pin))
-    if st.get("new_wheel") and Path(st["new_wheel"]).is_file():
-        from . import inplace
+    try:
+        export.write_series(tmp, named)
+        pin = release.Pin(**st["pin"])
+        (tmp / "pin.toml").write_text(release.format_pin(pin))
+        if st.get("new_wheel") and Path(st["new_wheel"]).is_file():
+            from . import inplace
 
-        rel = release.Release(onto, tmp, pin, [tmp / n for n, _ in named])
-        (tmp / inplace.MANIFEST).write_text(inplace.manifest_from_wheel(rel, Path(st["new_wheel"])))
-    os.replace(tmp, dest)
+            rel = release.Release(onto, tmp, pin, [tmp / n for n, _ in named])
+            (tmp / inplace.MANIFEST).write_text(inplace.manifest_from_wheel(rel, Path(st["new_wheel"])))
+        os.replace(tmp, dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     shutil.rmtree(work)
     log(f"export    {len(named)} patches into {dest}"
-        + (f" (dropped, now upstream: {', '.join(dropped)})" if dropped else ""))
+        + (f" (dropped, their code is gone upstream: {', '.join(dropped)})" if dropped else ""))
     for n in notes:
         log(f"moved     {n}")
     return dest
@@ -149,6 +154,9 @@ def rebase_trees(old: release.Release, old_wheel: Path, new_pin: release.Pin, ne
     work.mkdir(parents=True)
     try:
         _git(["init", "-q", "-b", "series"], work)
+        # byte-compiling a file while resolving a conflict must not put .pyc files into a patch
+        (work / ".git" / "info").mkdir(parents=True, exist_ok=True)
+        (work / ".git" / "info" / "exclude").write_text("__pycache__/\n*.pyc\n")
         _unpack_py(old_wheel, work)
         _git(["add", "-A"], work)
         _git(["commit", "-q", "-m", f"upstream {from_version}"], work)

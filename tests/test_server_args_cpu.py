@@ -1,7 +1,8 @@
 """The patched server_args, imported with CPU torch and the release's pure-Python dependencies.
 
-The interpreter with those dependencies (not SGLang) is SPECPROF_IMPORT_PYTHON if set,
-else a virtual environment made once under .cache/ from requirements-cpu-import.txt.
+Every release that has a series is checked. The interpreter with its dependencies (not
+SGLang) is a virtual environment made once under .cache/ from
+requirements-cpu-import-X.Y.Z.txt (or SPECPROF_IMPORT_PYTHON, for the default release).
 The built wheel is installed into a fresh folder with --no-deps and put first on the path.
 """
 import functools
@@ -14,22 +15,24 @@ import textwrap
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, run_build
+from specprof_build import release
 
-REQUIREMENTS = ROOT / "tests" / "requirements-cpu-import.txt"
+RELEASES = release.available()
 
 
 @functools.lru_cache(maxsize=None)
-def import_python():
-    if os.environ.get("SPECPROF_IMPORT_PYTHON"):
+def import_python(version):
+    if os.environ.get("SPECPROF_IMPORT_PYTHON") and version == release.default_release():
         return os.environ["SPECPROF_IMPORT_PYTHON"]
-    env = ROOT / ".cache" / "cpu-import-0.5.12"
+    requirements = ROOT / "tests" / f"requirements-cpu-import-{version}.txt"
+    env = ROOT / ".cache" / f"cpu-import-{version}"
     py = env / "bin" / "python"
     stamp = env / "requirements.txt"
-    if not (py.exists() and stamp.exists() and stamp.read_text() == REQUIREMENTS.read_text()):
+    if not (py.exists() and stamp.exists() and stamp.read_text() == requirements.read_text()):
         subprocess.run([sys.executable, "-m", "venv", "--clear", str(env)], check=True)
-        subprocess.run([str(py), "-m", "pip", "install", "-q", "-r", str(REQUIREMENTS)], check=True)
-        stamp.write_text(REQUIREMENTS.read_text())
+        subprocess.run([str(py), "-m", "pip", "install", "-q", "-r", str(requirements)], check=True)
+        stamp.write_text(requirements.read_text())
     return str(py)
 
 # __post_init__ resolves the model and the GPU; on a CPU the check runs only the speculative
@@ -43,7 +46,11 @@ SCRIPT = textwrap.dedent("""
         # machine's packages and a real model; record where it stopped, if it did.
         self.stopped_after_check = None
         try:
-            self._handle_speculative_decoding()
+            if hasattr(self, "_handle_speculative_decoding"):
+                self._handle_speculative_decoding()
+            else:  # 0.5.13 and later: the speculative checks live in arg_groups
+                from sglang.srt.arg_groups.speculative_hook import handle_speculative_decoding
+                handle_speculative_decoding(self)
         except SpecProfileArgError:
             raise
         except Exception as e:
@@ -55,24 +62,32 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-@pytest.fixture(scope="module")
-def site(built_wheel, tmp_path_factory):
-    target = tmp_path_factory.mktemp("site")
-    subprocess.run([import_python(), "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(built_wheel)],
+@pytest.fixture(scope="module", params=RELEASES)
+def site(request, tmp_path_factory):
+    """(interpreter, folder with the built wheel of one release installed)."""
+    version = request.param
+    out = tmp_path_factory.mktemp(f"wheel-{version}")
+    proc = run_build("--sglang", version, "--out", str(out), "-q")
+    assert proc.returncode == 0, proc.stderr
+    target = tmp_path_factory.mktemp(f"site-{version}")
+    py = import_python(version)
+    subprocess.run([py, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), proc.stdout.strip()],
                    check=True)
-    return target
+    return py, target
 
 
 def run(site, *argv, cwd=None):
-    env = dict(os.environ, PYTHONPATH=str(site))
-    return subprocess.run([import_python(), "-c", SCRIPT, json.dumps(list(argv))], capture_output=True, text=True,
+    py, folder = site
+    env = dict(os.environ, PYTHONPATH=str(folder))
+    return subprocess.run([py, "-c", SCRIPT, json.dumps(list(argv))], capture_output=True, text=True,
                           env=env, cwd=cwd, timeout=600)
 
 
 def test_help_lists_the_flags(site):
-    env = dict(os.environ, PYTHONPATH=str(site))
+    py, folder = site
+    env = dict(os.environ, PYTHONPATH=str(folder))
     code = "import argparse; from sglang.srt.server_args import ServerArgs as S; p = argparse.ArgumentParser(); S.add_cli_args(p); p.print_help()"
-    out = subprocess.run([import_python(), "-c", code], capture_output=True, text=True, env=env, check=True).stdout
+    out = subprocess.run([py, "-c", code], capture_output=True, text=True, env=env, check=True).stdout
     for flag in ("--speculative-profile", "--speculative-profile-interval", "--speculative-profile-output"):
         assert re.search(re.escape(flag) + r"(?![-\w])", out), flag
 
@@ -130,8 +145,9 @@ def test_the_server_side_profiler_imports_from_the_wheel(site):
         hooks.P.begin("decode", 1); hooks.P.mark("verify"); hooks.P.end(); hooks.P.harvest([2])
         print("imports ok")
     """)
-    env = dict(os.environ, PYTHONPATH=str(site))
-    proc = subprocess.run([import_python(), "-c", code], capture_output=True, text=True, env=env, timeout=600)
+    py, folder = site
+    env = dict(os.environ, PYTHONPATH=str(folder))
+    proc = subprocess.run([py, "-c", code], capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr
     assert "imports ok" in proc.stdout
     assert "speculative profile could not start" in proc.stderr
