@@ -113,6 +113,14 @@ class Server:
                 pass
 
 
+def _portable_args(argv):
+    """The command line as recorded: the run's own folders named, not spelled out."""
+    out, names = [], {"--out": "OUT", "--logs": "OUT/logs", "--upstream-path": "UNPATCHED"}
+    for i, a in enumerate(argv):
+        out.append(names[argv[i - 1]] if i and argv[i - 1] in names else a)
+    return " ".join(shlex.quote(x) for x in out)
+
+
 def quartiles(xs):
     xs = sorted(xs)
     if len(xs) < 2:
@@ -228,7 +236,7 @@ def main():
                 res["tok_s_upstream"] = [round(x, 2) for x in runs["upstream"]]
                 res.update(summarize("_off_vs_upstream", [off / up for off, up in zip(runs["off"], runs["upstream"])]))
             res.update({"rounds": a.rounds, "new_tokens": a.new_tokens,
-                        "command": "python bench/overhead.py " + " ".join(shlex.quote(x) for x in sys.argv[1:]),
+                        "command": "python bench/overhead.py " + _portable_args(sys.argv[1:]),
                         "machine": machine, "date": datetime.date.today().isoformat()})
             if "check" in servers:
                 res["independent_check"] = independent_check(servers["check"], c, a.new_tokens)

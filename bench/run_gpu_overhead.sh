@@ -3,7 +3,7 @@
 # same release made by reversing the series, then bench/overhead.py. Results into $1.
 set -euo pipefail
 out=${1:?usage: bench/run_gpu_overhead.sh OUT_DIR [overhead.py args...]}; shift
-site=/tmp/site; up=/tmp/site-upstream
+scratch=$(mktemp -d); site=$scratch/patched; up=$scratch/upstream
 mkdir -p "$site" "$up"
 tar -C "$site" -xJf .gpu-bundle/site-0.5.12.tar.xz
 python3 -m pip install -q --no-deps --no-index --target "$site" dist/sglang-*.whl

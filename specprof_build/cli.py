@@ -154,12 +154,26 @@ def rebase_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _guarded(prog: str, on_interrupt: str, fn) -> int:
+    """Run fn; a BuildError is one sentence and exit 1, an interrupt exit 130."""
+    try:
+        fn()
+        return 0
+    except BuildError as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted; {on_interrupt}", file=sys.stderr)
+        return 130
+
+
 def main_rebase(argv) -> int:
     from . import rebase
 
     args = rebase_parser().parse_args(argv)
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
-    try:
+
+    def run():
         if args.abort:
             rebase.abort(args.onto, log)
         elif args.cont:
@@ -169,13 +183,8 @@ def main_rebase(argv) -> int:
                 raise BuildError("--from and --onto name the same release; nothing to rebase.")
             print(rebase.start(args.onto, args.from_version, args.cache_dir or fetch.default_cache(), log,
                                args.accept_hook_moves))
-        return 0
-    except BuildError as e:
-        print(f"build.py rebase: error: {e}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("build.py rebase: interrupted; run it again with --continue or --abort.", file=sys.stderr)
-        return 130
+
+    return _guarded("build.py rebase", "run it again with --continue or --abort.", run)
 
 
 def main(argv=None) -> int:
@@ -184,20 +193,16 @@ def main(argv=None) -> int:
         return main_rebase(argv[1:])
     args = parser().parse_args(argv)
     log = (lambda *a, **k: None) if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
-    try:
+
+    def run():
         if args.list:
             patches = args.patches or release.PATCHES
             default = release.default_release(patches)
             for v in release.available(patches):
                 print(f"{v}{'  (default)' if v == default else ''}")
-            return 0
+            return
         wheel = build(args, log)
         if wheel is not None:
             print(wheel)
-        return 0
-    except BuildError as e:
-        print(f"build.py: error: {e}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("build.py: interrupted; nothing was written.", file=sys.stderr)
-        return 130
+
+    return _guarded("build.py", "nothing was written.", run)
