@@ -51,6 +51,10 @@ class RankExchange:
         self.rank = rank
         self.size = size
         os.makedirs(folder, exist_ok=True)
+        try:  # a file left by an earlier server on this port must not pose as this rank's window
+            os.unlink(self._path(rank))
+        except FileNotFoundError:
+            pass
 
     def _path(self, rank: int) -> str:
         return os.path.join(self.folder, f"rank{rank}.json")
