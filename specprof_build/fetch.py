@@ -80,6 +80,8 @@ def _pip_args(name: str, version: str) -> list[str]:
     """pip download arguments that select exactly the artifact `name`."""
     _, _, _, tags = parse_wheel_filename(name)
     tag = sorted(tags, key=str)[0]
+    if tag.abi == "none" and tag.platform == "any":  # a pure-Python wheel fits every target
+        return ["--only-binary=:all:", f"sglang=={version}"]
     args = ["--only-binary=:all:", "--implementation", tag.interpreter[:2]]
     if tag.interpreter[2:]:
         ver = tag.interpreter[2:]

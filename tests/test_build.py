@@ -172,6 +172,10 @@ def test_choose_other_interpreter_and_platform(default_release):
         fetch.choose(default_release.pin, "cp39", None)
 
 
+def test_pip_arguments_for_a_pure_python_wheel():
+    assert fetch._pip_args("sglang-0.5.8-py3-none-any.whl", "0.5.8") == ["--only-binary=:all:", "sglang==0.5.8"]
+
+
 def test_pip_arguments_select_exactly_one_artifact():
     args = fetch._pip_args("sglang-0.5.12-cp312-cp312-manylinux_2_34_aarch64.whl", "0.5.12")
     assert args == ["--only-binary=:all:", "--implementation", "cp", "--python-version", "3.12",

@@ -117,7 +117,8 @@ def test_rejects_with_one_sentence(site, argv, says, tmp_path):
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
     last = proc.stderr.strip().splitlines()[-1]
-    assert last.startswith("sglang serve: error: ") and says in last
+    # "<prog>: error: <one sentence>": prog is "sglang serve" from 0.5.12 on, the script's name before
+    assert re.match(r"^[^:]+: error: ", last) and says in last
     assert "usage:" not in proc.stderr  # one sentence, not the 500-line usage
 
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 import argparse
 import os
 
-PROFILED_ALGORITHMS = ("EAGLE", "EAGLE3")
+# NEXTN is SGLang's name for EAGLE on MTP layers: 0.5.8 checks the flag before it renames it.
+PROFILED_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN")
 
 
 class SpecProfileArgError(ValueError):
