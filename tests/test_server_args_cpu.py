@@ -1,9 +1,10 @@
 """The patched server_args, imported with CPU torch and the release's pure-Python dependencies.
 
-Every release that has a series is checked. The interpreter with its dependencies (not
-SGLang) is a virtual environment made once under .cache/ from
-requirements-cpu-import-X.Y.Z.txt (or SPECPROF_IMPORT_PYTHON, for the default release).
-The built wheel is installed into a fresh folder with --no-deps and put first on the path.
+Every release that has a series is checked. The interpreter (not SGLang) is a virtual
+environment made once under .cache/ from requirements-cpu-import.txt (or
+SPECPROF_IMPORT_PYTHON); each release's own pins go into a folder of their own
+(requirements-cpu-import-X.Y.Z.txt), and the built wheel, installed with --no-deps into a
+fresh folder, comes first on the path.
 """
 import functools
 import json
@@ -22,11 +23,12 @@ RELEASES = release.available()
 
 
 @functools.lru_cache(maxsize=None)
-def import_python(version):
-    if os.environ.get("SPECPROF_IMPORT_PYTHON") and version == release.default_release():
+def base_python():
+    """A virtual environment with torch and what every release imports (made once)."""
+    if os.environ.get("SPECPROF_IMPORT_PYTHON"):
         return os.environ["SPECPROF_IMPORT_PYTHON"]
-    requirements = ROOT / "tests" / f"requirements-cpu-import-{version}.txt"
-    env = ROOT / ".cache" / f"cpu-import-{version}"
+    requirements = ROOT / "tests" / "requirements-cpu-import.txt"
+    env = ROOT / ".cache" / "cpu-import"
     py = env / "bin" / "python"
     stamp = env / "requirements.txt"
     if not (py.exists() and stamp.exists() and stamp.read_text() == requirements.read_text()):
@@ -34,6 +36,20 @@ def import_python(version):
         subprocess.run([str(py), "-m", "pip", "install", "-q", "-r", str(requirements)], check=True)
         stamp.write_text(requirements.read_text())
     return str(py)
+
+
+@functools.lru_cache(maxsize=None)
+def release_extras(version):
+    """A folder with the release's own pins (and their dependencies), first on the path."""
+    requirements = ROOT / "tests" / f"requirements-cpu-import-{version}.txt"
+    folder = ROOT / ".cache" / f"cpu-import-extra-{version}"
+    stamp = folder / ".requirements.txt"
+    if not (stamp.exists() and stamp.read_text() == requirements.read_text()):
+        subprocess.run([base_python(), "-m", "pip", "install", "-q", "--upgrade", "--target", str(folder),
+                        "-r", str(requirements)], check=True)
+        stamp.write_text(requirements.read_text())
+    return str(folder)
+
 
 # __post_init__ resolves the model and the GPU; on a CPU the check runs only the speculative
 # part of it, which is where the patch hooks the profiler's validation.
@@ -70,22 +86,22 @@ def site(request, tmp_path_factory):
     proc = run_build("--sglang", version, "--out", str(out), "-q")
     assert proc.returncode == 0, proc.stderr
     target = tmp_path_factory.mktemp(f"site-{version}")
-    py = import_python(version)
+    py = base_python()
     subprocess.run([py, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), proc.stdout.strip()],
                    check=True)
-    return py, target
+    return py, os.pathsep.join([str(target), release_extras(version)])
 
 
 def run(site, *argv, cwd=None):
     py, folder = site
-    env = dict(os.environ, PYTHONPATH=str(folder))
+    env = dict(os.environ, PYTHONPATH=folder)
     return subprocess.run([py, "-c", SCRIPT, json.dumps(list(argv))], capture_output=True, text=True,
                           env=env, cwd=cwd, timeout=600)
 
 
 def test_help_lists_the_flags(site):
     py, folder = site
-    env = dict(os.environ, PYTHONPATH=str(folder))
+    env = dict(os.environ, PYTHONPATH=folder)
     code = "import argparse; from sglang.srt.server_args import ServerArgs as S; p = argparse.ArgumentParser(); S.add_cli_args(p); p.print_help()"
     out = subprocess.run([py, "-c", code], capture_output=True, text=True, env=env, check=True).stdout
     for flag in ("--speculative-profile", "--speculative-profile-interval", "--speculative-profile-output"):
@@ -147,7 +163,7 @@ def test_the_server_side_profiler_imports_from_the_wheel(site):
         print("imports ok")
     """)
     py, folder = site
-    env = dict(os.environ, PYTHONPATH=str(folder))
+    env = dict(os.environ, PYTHONPATH=folder)
     proc = subprocess.run([py, "-c", code], capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr
     assert "imports ok" in proc.stdout
