@@ -35,7 +35,6 @@ def _stat(vals):
 
 
 def compare(a: list[dict], b: list[dict]) -> dict:
-    keys = [k for k in a[0]["buckets"] if any(k in w["buckets"] for w in b)]
     keys = sorted({k for w in a for k in w["buckets"]} & {k for w in b for k in w["buckets"]},
                   key=lambda k: int(k.split("-")[0]))
     out = {}

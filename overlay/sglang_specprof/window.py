@@ -222,14 +222,14 @@ class Window:
             b = self.buckets[key] = Bucket()
         return b
 
-    def add_cycle(self, c: Cycle, start_host_s: float | None = None, end_host_s: float | None = None) -> None:
+    def add_cycle(self, c: Cycle, end_host_s: float | None = None) -> None:
         self.bucket(c.bs).add_cycle(c)
         if c.kind == "decode":
             self.decode_cycles += 1
             if c.host_start_s is not None and len(c.host_offsets_ms) == len(c.phases):
                 self.samples.append(c)
-        if start_host_s is not None and self.first_host_s is None:
-            self.first_host_s = start_host_s
+        if c.host_start_s is not None and self.first_host_s is None:
+            self.first_host_s = c.host_start_s
         if end_host_s is not None:
             self.last_host_s = end_host_s
 

@@ -324,7 +324,7 @@ class Profiler(NullProfiler):
             sums = t["phase_gpu_ms"]
             for name, g, _ in phases:
                 sums[name] = sums.get(name, 0.0) + g
-        self.window.add_cycle(c, s.host[0], s.host[s.n - 1])
+        self.window.add_cycle(c, s.host[s.n - 1])
         if p is not None:
             self._recycle(p)
         self.prev_done = s
