@@ -14,7 +14,8 @@ then, for each concurrency, runs the same decode-heavy load on off / on / upstre
 rounds, rotating the order each round (A B C, B C A, C A B, ...), so that drift of the
 machine falls on all of them alike. Each run's tokens/s is total generated tokens over
 the wall time of the run. Ratios are paired within a round (on/off, upstream/off); the
-result is their median and spread.
+result is their median, their spread, and a bootstrap 95% interval of the median (how
+well the runs pin it down).
 
     python bench/overhead.py --rounds 8 --concurrency 1 8 --new-tokens 1024 --out bench/results
 
@@ -27,90 +28,15 @@ import argparse
 import datetime
 import json
 import os
-import platform
+import random
 import shlex
-import signal
 import statistics
-import subprocess
 import sys
-import threading
 import time
-import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpu_models import write_models  # noqa: E402
-
-
-def http(port, path, data=None, timeout=900):
-    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}",
-                                 data=None if data is None else json.dumps(data).encode(),
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=timeout) as r:
-        body = r.read()
-    return json.loads(body) if path != "/metrics" else body.decode()
-
-
-def load(port, concurrency, new_tokens):
-    """`concurrency` requests at once, each `new_tokens` long; returns tokens/s over the run."""
-    got = []
-
-    def one(i):
-        ids = [100 + (i * 7 + j) % 1000 for j in range(64)]
-        out = http(port, "/generate", {"input_ids": ids, "sampling_params": {
-            "max_new_tokens": new_tokens, "temperature": 0, "ignore_eos": True}})
-        got.append(len(out["output_ids"]))
-
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(concurrency)]
-    t0 = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    secs = time.perf_counter() - t0
-    if len(got) != concurrency:
-        raise RuntimeError(f"{concurrency - len(got)} requests failed on port {port}")
-    return sum(got) / secs
-
-
-class Server:
-    def __init__(self, name, port, argv, env, log_dir):
-        self.name, self.port = name, port
-        self.cmd = [sys.executable, "-m", "sglang.launch_server", *argv, "--port", str(port)]
-        self.log = open(os.path.join(log_dir, f"server-{name}.log"), "w")
-        self.proc = subprocess.Popen(self.cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env,
-                                     start_new_session=True)
-
-    def wait_log(self, text, deadline):
-        """Until the server's log shows `text` (its memory pools are allocated by then)."""
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise SystemExit(f"server {self.name} exited with {self.proc.returncode}; see server-{self.name}.log")
-            with open(self.log.name) as f:
-                if text in f.read():
-                    return
-            time.sleep(1)
-        raise SystemExit(f"server {self.name} never logged {text!r}")
-
-    def wait_ready(self, deadline):
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise SystemExit(f"server {self.name} exited with {self.proc.returncode}; see server-{self.name}.log")
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=5)
-                return
-            except Exception:
-                time.sleep(2)
-        raise SystemExit(f"server {self.name} not ready in time")
-
-    def stop(self):
-        try:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(30)
-        except Exception:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except Exception:
-                pass
+from serving import eagle3_args, http, load, machine, quartiles, rotations, start_all, stop_all, tok_s  # noqa: E402
 
 
 def _portable_args(argv):
@@ -119,14 +45,6 @@ def _portable_args(argv):
     for i, a in enumerate(argv):
         out.append(names[argv[i - 1]] if i and argv[i - 1] in names else a)
     return " ".join(shlex.quote(x) for x in out)
-
-
-def quartiles(xs):
-    xs = sorted(xs)
-    if len(xs) < 2:
-        return xs[0], xs[0]
-    q = statistics.quantiles(xs, n=4, method="inclusive")
-    return q[0], q[2]
 
 
 def summarize(name, ratios):
@@ -158,6 +76,8 @@ def independent_check(server, concurrency, new_tokens):
     cycles = t1["decode_cycles"] - t0["decode_cycles"]
     ours = {k: t1["phase_gpu_ms"].get(k, 0.0) - t0["phase_gpu_ms"].get(k, 0.0) for k in t1["phase_gpu_ms"]}
     theirs = {k: (c1.get(k, 0.0) - c0.get(k, 0.0)) * 1000.0 for k in c1}
+    # `draft` is the draft graph's replay, what SGLang's timer wraps; `draft_inputs`, the
+    # graph runner's preparation before it, is outside that timer and shown apart.
     pairs = {"verify": ("verify", "target_verify"), "draft": ("draft", "eagle_draft"),
              "draft_extend": ("draft_extend", "eagle_draft_extend")}
     out = {"concurrency": concurrency, "decode_cycles": cycles, "phases": {}}
@@ -168,7 +88,16 @@ def independent_check(server, concurrency, new_tokens):
                 "device_timer_ms_per_cycle": round(theirs[upstream] / cycles, 4),
                 "ratio": round(ours[mine] / theirs[upstream], 4),
             }
+    if "draft_inputs" in ours:
+        out["draft_inputs_ms_per_cycle"] = round(ours["draft_inputs"] / cycles, 4)
     return out
+
+
+def median_ci(ratios, n=4000, seed=0):
+    """A 95% bootstrap interval of the median: how well the runs pin the median down."""
+    rng = random.Random(seed)
+    meds = sorted(statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(n))
+    return meds[int(0.025 * n)], meds[int(0.975 * n) - 1]
 
 
 def main():
@@ -181,20 +110,16 @@ def main():
     ap.add_argument("--check", action="store_true", help="also start the device-timer server and compare")
     ap.add_argument("--out", default="bench/results", help="folder for the JSON results")
     ap.add_argument("--logs", default="bench-logs", help="folder for server logs and models")
-    ap.add_argument("--mem-fraction", type=float, default=0.2,
-                    help="GPU memory per server; the servers start one after another, each allowed "
-                         "this much more of the GPU than the one before (SGLang counts the others' use)")
+    ap.add_argument("--max-seconds", type=float, default=None,
+                    help="from the start, startup included: stop starting rounds after this long, "
+                         "sharing what is left among the concurrencies (the rounds done are reported)")
     ap.add_argument("--sglang", default="0.5.12")
     a = ap.parse_args()
+    t0 = time.time()
     os.makedirs(a.out, exist_ok=True)
     os.makedirs(a.logs, exist_ok=True)
     target, draft = write_models(os.path.join(a.logs, "models"), a.shape)
-    common = ["--model-path", target, "--load-format", "dummy", "--speculative-algorithm", "EAGLE3",
-              "--speculative-draft-model-path", draft, "--speculative-draft-load-format", "dummy",
-              "--speculative-num-steps", "3", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4",
-              "--attention-backend", "triton", "--sampling-backend", "pytorch", "--grammar-backend", "none",
-              "--skip-tokenizer-init", "--cuda-graph-max-bs", str(max(a.concurrency)),
-              "--disable-piecewise-cuda-graph"]
+    common = eagle3_args(target, draft, steps=3, topk=1, graph_bs=a.concurrency)
     env = dict(os.environ, SGLANG_SIMULATE_ACC_LEN="3.0")
     prof = ["--speculative-profile", "--speculative-profile-output", os.path.join(a.logs, "on.jsonl")]
     plan = {"off": (common, env), "on": (common + prof, env)}
@@ -204,50 +129,46 @@ def main():
     if a.check:
         plan["check"] = (common + ["--speculative-profile", "--enable-metrics"],
                          dict(env, SGLANG_ENABLE_METRICS_DEVICE_TIMER="1"))
-    servers = {}
-    t0 = time.time()
+    servers = start_all(plan, a.logs)
     try:
-        for i, (name, (argv, e)) in enumerate(plan.items()):
-            frac = round(a.mem_fraction * (i + 1), 3)
-            servers[name] = Server(name, 31000 + i, argv + ["--mem-fraction-static", str(frac)], e, a.logs)
-            # start the next once this one has taken its memory
-            servers[name].wait_log("Capture draft cuda graph begin", time.time() + 600)
-        for s in servers.values():
-            s.wait_ready(time.time() + 600)
-        print(f"{len(servers)} servers ready in {time.time() - t0:.0f} s", flush=True)
+        print(f"{len(servers)} servers ready in {time.time() - t0:.0f} s "
+              f"({', '.join(f'{n} {s.ready_s} s' for n, s in servers.items())})", flush=True)
         compared = [n for n in ("off", "on", "upstream") if n in servers]
-        machine = f"{platform.node()}: " + subprocess.run(
-            ["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
-            capture_output=True, text=True).stdout.strip()
-        results = []
-        for c in a.concurrency:
+        for ci, c in enumerate(a.concurrency):
+            t_c = time.time()
+            budget = (t0 + a.max_seconds - t_c) / (len(a.concurrency) - ci) if a.max_seconds else None
             for n in compared:
                 load(servers[n].port, c, 64)  # compile this batch size's shapes on every server
             runs = {n: [] for n in compared}
-            for r in range(a.rounds):
-                order = compared[r % len(compared):] + compared[:r % len(compared)]
+            for r, order in rotations(compared, a.rounds):
+                # the next round would end past the budget: stop (two rounds at least)
+                if budget and r >= 2 and time.time() - t_c + (time.time() - t_c) / r > budget:
+                    print(f"c={c}: stopping after {r} rounds (--max-seconds)", flush=True)
+                    break
                 for n in order:
-                    runs[n].append(load(servers[n].port, c, a.new_tokens))
+                    runs[n].append(tok_s(servers[n].port, c, a.new_tokens))
                 print(f"c={c} round {r}: " + "  ".join(f"{n} {runs[n][-1]:.1f}" for n in compared), flush=True)
+            ratios = [on / off for on, off in zip(runs["on"], runs["off"])]
             res = {"benchmark": "overhead", "sglang": a.sglang, "concurrency": c,
                    "tok_s_off": [round(x, 2) for x in runs["off"]], "tok_s_on": [round(x, 2) for x in runs["on"]]}
-            res.update(summarize("", [on / off for on, off in zip(runs["on"], runs["off"])]))
+            res.update(summarize("", ratios))
+            res["median_ratio_ci95"] = [round(x, 4) for x in median_ci(ratios)]
             if "upstream" in runs:
                 res["tok_s_upstream"] = [round(x, 2) for x in runs["upstream"]]
-                res.update(summarize("_off_vs_upstream", [off / up for off, up in zip(runs["off"], runs["upstream"])]))
-            res.update({"rounds": a.rounds, "new_tokens": a.new_tokens,
+                up = [off / u for off, u in zip(runs["off"], runs["upstream"])]
+                res.update(summarize("_off_vs_upstream", up))
+                res["median_ratio_off_vs_upstream_ci95"] = [round(x, 4) for x in median_ci(up)]
+            res.update({"rounds": len(ratios), "new_tokens": a.new_tokens,
                         "command": "python bench/overhead.py " + _portable_args(sys.argv[1:]),
-                        "machine": machine, "date": datetime.date.today().isoformat()})
+                        "machine": machine(), "date": datetime.date.today().isoformat()})
             if "check" in servers:
                 res["independent_check"] = independent_check(servers["check"], c, a.new_tokens)
-            results.append(res)
             print(json.dumps({k: v for k, v in res.items() if not k.startswith(("tok_s", "ratios"))}), flush=True)
             with open(os.path.join(a.out, f"overhead-{a.sglang}-c{c}.json"), "w") as f:
                 json.dump(res, f, indent=1)
                 f.write("\n")
     finally:
-        for s in servers.values():
-            s.stop()
+        stop_all(servers)
 
 
 if __name__ == "__main__":

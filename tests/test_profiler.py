@@ -213,6 +213,7 @@ def graph_cycle(p, b, key, evs, step_ms):
     p.begin("decode", 1)
     b.advance(0.3)
     p.mark("draft_prep")
+    b.advance(0.25)  # the graph runner copies the inputs and sets the attention metadata
     p.graph_replay(key)
     replay(b, evs, step_ms)
     b.advance(sum(step_ms) + 0.05)
@@ -238,6 +239,11 @@ def test_draft_steps_inside_a_captured_graph(fake):
     assert steps == pytest.approx([sum(0.1 * (k + 1) for k in range(10)) / 10, 0.2, 0.3])
     assert bucket["graph"]["replays"]["draft"] == 10
     assert bucket["graph"]["padding_mean"] == 1.0
+    # the graph's input preparation is a phase of its own; `draft` is the replay alone
+    ph = {n: v["gpu_ms"]["mean"] for n, v in bucket["phases"].items()}
+    assert list(ph) == ["draft_prep", "draft_inputs", "draft", "verify"]
+    assert ph["draft_inputs"] == pytest.approx(0.25)
+    assert ph["draft"] == pytest.approx(sum(steps) + 0.05)
     assert out[0]["steps_lost"] == 0
 
 

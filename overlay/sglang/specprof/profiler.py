@@ -230,14 +230,20 @@ class Profiler(NullProfiler):
             self._fail(e)
 
     def graph_replay(self, key):
-        """Before a draft graph replay: read the step times of this graph's previous replay."""
+        """Just before a draft graph replay, its inputs copied and its attention metadata set.
+
+        Closes the phase `draft_inputs` (that preparation), so that `draft` holds the
+        replay alone, and reads the step times of this graph's previous replay.
+        """
         try:
+            s = self.cur
+            if s is not None and s.n < MAX_MARKS:
+                self._record(s, "draft_inputs")
             if key not in self.step_events:
                 return
             self._snapshot_steps(key)
             n = self.replays.get(key, 0) + 1
             self.replays[key] = n
-            s = self.cur
             if s is not None:
                 s.steps_key = key
                 s.steps_replay = n

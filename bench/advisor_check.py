@@ -1,0 +1,174 @@
+#!/usr/bin/env python3
+"""Does the step-count advisor pick the fastest setting? Its predictions against real runs.
+
+Starts, side by side on one GPU, one server per `--speculative-num-steps` in --steps
+(topk 1, steps + 1 draft tokens), all with the same forced acceptance
+(`SGLANG_SIMULATE_ACC_LEN`, --acc) and with --speculative-profile. Then, for each
+concurrency, runs the same decode-heavy load on every server in rounds, the order
+rotating each round, and records tokens/s per run.
+
+The prediction: `sglang-specprof report --json` on the profile of the --profile-steps
+server alone (what a user would have: one profiled run), its advice for the batch-size
+bucket of that concurrency. The verdict, per concurrency:
+
+  - noise: the run-to-run spread, the median over settings of each setting's relative
+    interquartile range (its runs' IQR over their median);
+  - pick within noise: the measured median of the advisor's pick is at most `noise` below
+    the best measured median;
+  - each prediction within 10%: |predicted - measured median| / measured median <= 0.10.
+
+    python bench/advisor_check.py --acc 2.5 --steps 1 2 3 4 5 --profile-steps 5 \\
+        --concurrency 1 8 --rounds 5 --new-tokens 1024 --out bench/results
+
+Writes bench/results/advisor-SGLANG-accACC.json. Needs an NVIDIA GPU and the built wheel.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gpu_models import write_models  # noqa: E402
+from serving import eagle3_args, load, machine, quartiles, rotations, start_all, stop_all, tok_s  # noqa: E402
+
+TOLERANCE = 0.10
+
+
+def bucket_key(concurrency):
+    """The profile's batch-size bucket that a steady load of `concurrency` requests fills."""
+    from sglang_specprof.window import bucket_of
+
+    return bucket_of(concurrency)
+
+
+def advice_for(profile, python=sys.executable):
+    """`sglang-specprof report --json` on one profile: {bucket: advice}."""
+    r = subprocess.run([python, "-m", "sglang_specprof", "report", profile, "--json"],
+                       capture_output=True, text=True, timeout=300)
+    if r.returncode:
+        raise SystemExit(f"sglang-specprof report failed on {profile}: {r.stderr.strip()}")
+    return json.loads(r.stdout)["advice"]
+
+
+def verdict(measured: dict[int, list[float]], advice: dict, tolerance=TOLERANCE) -> dict:
+    """Measured runs per step count against the advisor's rows for the same bucket."""
+    med = {k: statistics.median(v) for k, v in measured.items()}
+    spread = []
+    for k, v in measured.items():
+        lo, hi = quartiles(v)
+        spread.append((hi - lo) / med[k])
+    noise = statistics.median(spread)
+    best = max(med, key=med.get)
+    rows = {r["steps"]: r for r in advice["rows"]}
+    pick = advice["best"]
+    settings = []
+    for k in sorted(measured):
+        row = rows[k]
+        err = row["tokens_per_s"] / med[k] - 1
+        settings.append({"steps": k, "measured_tok_s": [round(x, 2) for x in measured[k]],
+                         "measured_median": round(med[k], 2),
+                         "measured_iqr": [round(x, 2) for x in quartiles(measured[k])],
+                         "predicted": row["tokens_per_s"], "predicted_low": row["low"],
+                         "predicted_high": row["high"], "error": round(err, 4),
+                         "within_tolerance": abs(err) <= tolerance,
+                         "measured_inside_bounds": row["low"] <= med[k] <= row["high"]})
+    in_range = pick in med
+    shortfall = (1 - med[pick] / med[best]) if in_range else None
+    return {"advisor_pick": pick, "best_measured": best, "noise": round(noise, 4),
+            "pick_shortfall": None if shortfall is None else round(shortfall, 4),
+            "pick_within_noise": bool(in_range and shortfall <= noise),
+            "predicted_gain": advice.get("expected_gain"), "verify_growth": advice.get("verify_growth"),
+            "all_within_tolerance": all(s["within_tolerance"] for s in settings),
+            "max_abs_error": round(max(abs(s["error"]) for s in settings), 4), "settings": settings}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--acc", type=float, required=True, help="SGLANG_SIMULATE_ACC_LEN for every server")
+    ap.add_argument("--steps", type=int, nargs="+", default=[1, 2, 3, 4, 5])
+    ap.add_argument("--profile-steps", type=int, default=5, help="the server whose profile the advisor reads")
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--new-tokens", type=int, default=1024)
+    ap.add_argument("--shape", default="8b")
+    ap.add_argument("--max-tokens", type=int, default=16384, help="KV pool of each server, in tokens")
+    ap.add_argument("--max-seconds", type=float, default=None,
+                    help="from the start, startup included: stop starting rounds after this long, "
+                         "sharing what is left among the concurrencies (the rounds done are reported)")
+    ap.add_argument("--out", default="bench/results")
+    ap.add_argument("--logs", default="bench-logs")
+    ap.add_argument("--sglang", default="0.5.12")
+    a = ap.parse_args()
+    if a.profile_steps not in a.steps:
+        ap.error("--profile-steps must be one of --steps")
+    t0 = time.time()
+    os.makedirs(a.out, exist_ok=True)
+    os.makedirs(a.logs, exist_ok=True)
+    target, draft = write_models(os.path.join(a.logs, "models"), a.shape)
+    env = dict(os.environ, SGLANG_SIMULATE_ACC_LEN=str(a.acc))
+    profiles = {k: os.path.join(a.logs, f"acc{a.acc}-steps{k}.jsonl") for k in a.steps}
+    for p in profiles.values():
+        if os.path.exists(p):
+            os.remove(p)
+    plan = {f"acc{a.acc}-steps{k}": (eagle3_args(target, draft, steps=k, topk=1, graph_bs=a.concurrency,
+                                                 max_tokens=a.max_tokens)
+                                     + ["--speculative-profile", "--speculative-profile-output", profiles[k]], env)
+            for k in a.steps}
+    servers = start_all(plan, a.logs, first_port=32000)
+    by_steps = dict(zip(a.steps, servers.values()))
+    result = {"benchmark": "advisor", "sglang": a.sglang, "simulated_accept_length": a.acc,
+              "profiled_steps": a.profile_steps, "new_tokens": a.new_tokens, "tolerance": TOLERANCE,
+              "command": "python bench/advisor_check.py " + " ".join(
+                  "OUT" if sys.argv[i] in ("--out", "--logs") else x for i, x in enumerate(sys.argv[1:], 1)),
+              "machine": machine(), "date": datetime.date.today().isoformat(),
+              "startup_s": round(time.time() - t0, 1), "concurrency": {}}
+    runs = {}
+    try:
+        print(f"{len(servers)} servers ready in {result['startup_s']} s", flush=True)
+        for ci, c in enumerate(a.concurrency):
+            t_c = time.time()
+            budget = (t0 + a.max_seconds - t_c) / (len(a.concurrency) - ci) if a.max_seconds else None
+            for s in servers.values():
+                load(s.port, c, 64)  # this batch size's first use compiles kernels
+            runs[c] = {k: [] for k in a.steps}
+            for r, order in rotations(a.steps, a.rounds):
+                # the next round would end past the budget: stop (two rounds at least)
+                if budget and r >= 2 and time.time() - t_c + (time.time() - t_c) / r > budget:
+                    print(f"c={c}: stopping after {r} rounds (--max-seconds)", flush=True)
+                    break
+                for k in order:
+                    runs[c][k].append(tok_s(by_steps[k].port, c, a.new_tokens))
+                print(f"c={c} round {r}: " + "  ".join(f"steps {k} {runs[c][k][-1]:.1f}" for k in a.steps),
+                      flush=True)
+    finally:
+        stop_all(servers)  # the profiles' last lines are complete once the servers are gone
+    advice = advice_for(profiles[a.profile_steps])
+    for c in a.concurrency:
+        key = bucket_key(c)
+        if key not in advice:
+            result["concurrency"][str(c)] = {"error": f"the profile has no bucket {key}"}
+            continue
+        v = verdict(runs[c], advice[key])
+        v["bucket"] = key
+        v["advice"] = advice[key]
+        result["concurrency"][str(c)] = v
+        print(f"acc {a.acc} c={c}: advisor picks {v['advisor_pick']}, best measured {v['best_measured']} "
+              f"(shortfall {v['pick_shortfall']}, noise {v['noise']}); max |error| {v['max_abs_error']}", flush=True)
+        for s in v["settings"]:
+            print(f"  steps {s['steps']}: measured {s['measured_median']:.1f} predicted {s['predicted']:.1f} "
+                  f"[{s['predicted_low']:.1f}, {s['predicted_high']:.1f}] error {100 * s['error']:+.1f}%", flush=True)
+    name = os.path.join(a.out, f"advisor-{a.sglang}-acc{a.acc}.json")
+    with open(name, "w") as f:
+        json.dump(result, f, indent=1)
+        f.write("\n")
+    print(f"wrote {name}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

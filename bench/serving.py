@@ -1,0 +1,179 @@
+"""Dummy-weight EAGLE3 servers on one GPU, and the load the benchmarks send them.
+
+Shared by bench/overhead.py, bench/advisor_check.py and tests/gpu/serve_check.py.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+# `sglang.launch_server` by default; the harness tests point it at a stand-in server.
+LAUNCH = os.environ.get("SPECPROF_BENCH_LAUNCH", "sglang.launch_server")
+
+# Logged once a server's target KV pool is allocated: from then on the next server, starting,
+# sees this one's weights and pool in the GPU's free memory.
+MEMORY_TAKEN = "Memory pool end"
+
+
+def http(port, path, data=None, timeout=900):
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}",
+                                 data=None if data is None else json.dumps(data).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        body = r.read()
+    return body.decode() if path == "/metrics" else json.loads(body)
+
+
+def load(port, concurrency, new_tokens):
+    """`concurrency` requests at once, each `new_tokens` long, input ids only.
+
+    Returns (generated tokens, wall seconds of the whole run)."""
+    got, errors = [], []
+
+    def one(i):
+        ids = [100 + (i * 7 + j) % 1000 for j in range(64)]
+        try:
+            out = http(port, "/generate", {"input_ids": ids, "sampling_params": {
+                "max_new_tokens": new_tokens, "temperature": 0, "ignore_eos": True}})
+            got.append(len(out["output_ids"]))
+        except Exception as e:  # reported below, with the port
+            errors.append(e)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(concurrency)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    secs = time.perf_counter() - t0
+    if errors or len(got) != concurrency:
+        raise RuntimeError(f"{concurrency - len(got)} of {concurrency} requests failed on port {port}: "
+                           f"{errors[0] if errors else 'no answer'}")
+    return sum(got), secs
+
+
+def tok_s(port, concurrency, new_tokens):
+    tokens, secs = load(port, concurrency, new_tokens)
+    return tokens / secs
+
+
+def eagle3_args(target, draft, steps=3, topk=1, draft_tokens=None, graph_bs=(1, 8), max_tokens=40960):
+    """The flags every benchmark server shares (the offline bundle has triton attention only).
+
+    `--sleep-on-idle`: an idle server's scheduler otherwise spins on a CPU core, beside the
+    one under load. `--max-total-tokens` bounds each server's KV pool, so that servers that
+    start while others are still capturing graphs cannot take more than their share."""
+    return ["--model-path", target, "--load-format", "dummy", "--speculative-algorithm", "EAGLE3",
+            "--speculative-draft-model-path", draft, "--speculative-draft-load-format", "dummy",
+            "--speculative-num-steps", str(steps), "--speculative-eagle-topk", str(topk),
+            "--speculative-num-draft-tokens", str(draft_tokens or steps + 1),
+            "--attention-backend", "triton", "--sampling-backend", "pytorch", "--grammar-backend", "none",
+            "--skip-tokenizer-init", "--cuda-graph-bs", *map(str, sorted(set(graph_bs))),
+            "--disable-piecewise-cuda-graph", "--sleep-on-idle", "--max-total-tokens", str(max_tokens)]
+
+
+class Server:
+    def __init__(self, name, port, argv, env, log_dir):
+        self.name, self.port = name, port
+        self.cmd = [sys.executable, "-m", LAUNCH, *argv, "--port", str(port)]
+        self.log_path = os.path.join(log_dir, f"server-{name}.log")
+        self.log = open(self.log_path, "w")
+        self.started = time.time()
+        self.ready_s = None
+        self.proc = subprocess.Popen(self.cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env,
+                                     start_new_session=True)
+
+    def _check_alive(self):
+        if self.proc.poll() is not None:
+            raise SystemExit(f"server {self.name} exited with {self.proc.returncode}; see {self.log_path}")
+
+    def wait_log(self, text, deadline):
+        """Until the server's log shows `text`."""
+        while time.time() < deadline:
+            self._check_alive()
+            with open(self.log_path, errors="replace") as f:
+                if text in f.read():
+                    return
+            time.sleep(0.5)
+        raise SystemExit(f"server {self.name} never logged {text!r}; see {self.log_path}")
+
+    def wait_ready(self, deadline):
+        while time.time() < deadline:
+            self._check_alive()
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=5)
+                self.ready_s = round(time.time() - self.started, 1)
+                return
+            except Exception:
+                time.sleep(1)
+        raise SystemExit(f"server {self.name} not ready in time; see {self.log_path}")
+
+    def stop(self):
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(30)
+        except Exception:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except Exception:
+                pass
+
+
+def start_all(plan, log_dir, first_port=31000, mem_fraction=0.88, timeout=600):
+    """Start the servers of `plan` ({name: (argv, env)}) side by side on one GPU.
+
+    Each starts once the one before has allocated its KV pool; their CUDA graph captures,
+    the slow part, overlap. Every server may use `mem_fraction` of the GPU counting what
+    the others already hold, and its KV pool is bounded by --max-total-tokens."""
+    servers = {}
+    deadline = time.time() + timeout
+    try:
+        for i, (name, (argv, env)) in enumerate(plan.items()):
+            servers[name] = Server(name, first_port + i, argv + ["--mem-fraction-static", str(mem_fraction)],
+                                   env, log_dir)
+            servers[name].wait_log(MEMORY_TAKEN, deadline)
+        for s in servers.values():
+            s.wait_ready(deadline)
+    except BaseException:
+        stop_all(servers)
+        raise
+    return servers
+
+
+def stop_all(servers):
+    for s in servers.values():
+        s.stop()
+
+
+def machine():
+    try:
+        gpu = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader",
+                              "-i", os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]],
+                             capture_output=True, text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        gpu = "no nvidia-smi"
+    return f"{platform.node()}: {gpu or 'no GPU'}, {os.cpu_count()} CPUs"
+
+
+def quartiles(xs):
+    xs = sorted(xs)
+    if len(xs) < 2:
+        return xs[0], xs[0]
+    q = statistics.quantiles(xs, n=4, method="inclusive")
+    return q[0], q[2]
+
+
+def rotations(names, rounds):
+    """The order of each round: A B C, B C A, C A B, ... so that drift falls on all alike."""
+    names = list(names)
+    for r in range(rounds):
+        k = r % len(names)
+        yield r, names[k:] + names[:k]
