@@ -88,6 +88,37 @@ def verdict(measured: dict[int, list[float]], advice: dict, tolerance=TOLERANCE)
             "max_abs_error": round(max(abs(s["error"]) for s in settings), 4), "settings": settings}
 
 
+def judge(result, runs, profile):
+    advice = advice_for(profile)
+    for c, measured in runs.items():
+        key = bucket_key(c)
+        if key not in advice:
+            result["concurrency"][str(c)] = {"error": f"the profile has no bucket {key}"}
+            continue
+        v = verdict(measured, advice[key])
+        v["bucket"] = key
+        v["advice"] = advice[key]
+        result["concurrency"][str(c)] = v
+        print(f"acc {result['simulated_accept_length']} c={c}: advisor picks {v['advisor_pick']}, best measured "
+              f"{v['best_measured']} (shortfall {v['pick_shortfall']}, noise {v['noise']}); "
+              f"max |error| {v['max_abs_error']}; verify growth {v['verify_growth']}", flush=True)
+        for s in v["settings"]:
+            print(f"  steps {s['steps']}: measured {s['measured_median']:.1f} predicted {s['predicted']:.1f} "
+                  f"[{s['predicted_low']:.1f}, {s['predicted_high']:.1f}] error {100 * s['error']:+.1f}%", flush=True)
+
+
+def rejudge(result_path, profile):
+    with open(result_path) as f:
+        result = json.load(f)
+    runs = {int(c): {s["steps"]: s["measured_tok_s"] for s in v["settings"]}
+            for c, v in result["concurrency"].items() if "settings" in v}
+    judge(result, runs, profile)
+    result["judged_with"] = "python bench/advisor_check.py --rejudge RESULT PROFILE"
+    with open(result_path, "w") as f:
+        json.dump(result, f, indent=1)
+        f.write("\n")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--acc", type=float, required=True, help="SGLANG_SIMULATE_ACC_LEN for every server")
@@ -104,7 +135,13 @@ def main():
     ap.add_argument("--out", default="bench/results")
     ap.add_argument("--logs", default="bench-logs")
     ap.add_argument("--sglang", default="0.5.12")
+    ap.add_argument("--cpus", metavar="A-B", help="pin the servers to these CPUs, each to its own share")
+    ap.add_argument("--rejudge", nargs=2, metavar=("RESULT", "PROFILE"),
+                    help="no servers: judge the runs of an earlier RESULT anew against PROFILE "
+                         "(after a change of the advisor), and write RESULT again")
     a = ap.parse_args()
+    if a.rejudge:
+        return rejudge(*a.rejudge)
     if a.profile_steps not in a.steps:
         ap.error("--profile-steps must be one of --steps")
     t0 = time.time()
@@ -120,7 +157,7 @@ def main():
                                                  max_tokens=a.max_tokens)
                                      + ["--speculative-profile", "--speculative-profile-output", profiles[k]], env)
             for k in a.steps}
-    servers = start_all(plan, a.logs, first_port=32000)
+    servers = start_all(plan, a.logs, first_port=32000, cpus=a.cpus)
     by_steps = dict(zip(a.steps, servers.values()))
     result = {"benchmark": "advisor", "sglang": a.sglang, "simulated_accept_length": a.acc,
               "profiled_steps": a.profile_steps, "new_tokens": a.new_tokens, "tolerance": TOLERANCE,
@@ -148,21 +185,7 @@ def main():
                       flush=True)
     finally:
         stop_all(servers)  # the profiles' last lines are complete once the servers are gone
-    advice = advice_for(profiles[a.profile_steps])
-    for c in a.concurrency:
-        key = bucket_key(c)
-        if key not in advice:
-            result["concurrency"][str(c)] = {"error": f"the profile has no bucket {key}"}
-            continue
-        v = verdict(runs[c], advice[key])
-        v["bucket"] = key
-        v["advice"] = advice[key]
-        result["concurrency"][str(c)] = v
-        print(f"acc {a.acc} c={c}: advisor picks {v['advisor_pick']}, best measured {v['best_measured']} "
-              f"(shortfall {v['pick_shortfall']}, noise {v['noise']}); max |error| {v['max_abs_error']}", flush=True)
-        for s in v["settings"]:
-            print(f"  steps {s['steps']}: measured {s['measured_median']:.1f} predicted {s['predicted']:.1f} "
-                  f"[{s['predicted_low']:.1f}, {s['predicted_high']:.1f}] error {100 * s['error']:+.1f}%", flush=True)
+    judge(result, runs, profiles[a.profile_steps])
     name = os.path.join(a.out, f"advisor-{a.sglang}-acc{a.acc}.json")
     with open(name, "w") as f:
         json.dump(result, f, indent=1)

@@ -114,6 +114,7 @@ def main():
                     help="from the start, startup included: stop starting rounds after this long, "
                          "sharing what is left among the concurrencies (the rounds done are reported)")
     ap.add_argument("--sglang", default="0.5.12")
+    ap.add_argument("--cpus", metavar="A-B", help="pin the servers to these CPUs, each to its own share")
     a = ap.parse_args()
     t0 = time.time()
     os.makedirs(a.out, exist_ok=True)
@@ -129,7 +130,7 @@ def main():
     if a.check:
         plan["check"] = (common + ["--speculative-profile", "--enable-metrics"],
                          dict(env, SGLANG_ENABLE_METRICS_DEVICE_TIMER="1"))
-    servers = start_all(plan, a.logs)
+    servers = start_all(plan, a.logs, cpus=a.cpus)
     try:
         print(f"{len(servers)} servers ready in {time.time() - t0:.0f} s "
               f"({', '.join(f'{n} {s.ready_s} s' for n, s in servers.items())})", flush=True)

@@ -81,9 +81,10 @@ def eagle3_args(target, draft, steps=3, topk=1, draft_tokens=None, graph_bs=(1, 
 
 
 class Server:
-    def __init__(self, name, port, argv, env, log_dir):
+    def __init__(self, name, port, argv, env, log_dir, cpus=None):
         self.name, self.port = name, port
-        self.cmd = [sys.executable, "-m", LAUNCH, *argv, "--port", str(port)]
+        pin = ["taskset", "-c", cpus] if cpus else []
+        self.cmd = [*pin, sys.executable, "-m", LAUNCH, *argv, "--port", str(port)]
         self.log_path = os.path.join(log_dir, f"server-{name}.log")
         self.log = open(self.log_path, "w")
         self.started = time.time()
@@ -127,18 +128,29 @@ class Server:
                 pass
 
 
-def start_all(plan, log_dir, first_port=31000, mem_fraction=0.88, timeout=600):
+def split_cpus(spec, n):
+    """'0-15' among n servers: n contiguous, equal, disjoint sets ('0-7', '8-15' for n = 2)."""
+    lo, hi = (int(x) for x in spec.split("-"))
+    per = (hi - lo + 1) // n
+    if per < 1:
+        raise SystemExit(f"--cpus {spec} has fewer CPUs than the {n} servers")
+    return [f"{lo + i * per}-{lo + (i + 1) * per - 1}" for i in range(n)]
+
+
+def start_all(plan, log_dir, first_port=31000, mem_fraction=0.88, timeout=600, cpus=None):
     """Start the servers of `plan` ({name: (argv, env)}) side by side on one GPU.
 
     Each starts once the one before has allocated its KV pool; their CUDA graph captures,
     the slow part, overlap. Every server may use `mem_fraction` of the GPU counting what
-    the others already hold, and its KV pool is bounded by --max-total-tokens."""
+    the others already hold, and its KV pool is bounded by --max-total-tokens. `cpus`
+    ('A-B'): each server's processes pinned to its own share of those CPUs."""
     servers = {}
+    sets = split_cpus(cpus, len(plan)) if cpus else [None] * len(plan)
     deadline = time.time() + timeout
     try:
         for i, (name, (argv, env)) in enumerate(plan.items()):
             servers[name] = Server(name, first_port + i, argv + ["--mem-fraction-static", str(mem_fraction)],
-                                   env, log_dir)
+                                   env, log_dir, sets[i])
             servers[name].wait_log(MEMORY_TAKEN, deadline)
         for s in servers.values():
             s.wait_ready(deadline)

@@ -8,10 +8,14 @@ T(k) = fixed + draft(k) + verify(k) + draft_extend(k), each term from the profil
 - fixed: every other phase and the GPU time between cycles, as measured;
 - draft(k) = draft(K) + (k - K) * s, s the mean time of a draft step that runs the draft
   model (the profile's steps 1..K-1);
-- verify and draft extend process k + 1 tokens a request. Their growth with tokens is
-  measured when the profile has several batch sizes (a line through verify time against
-  tokens per cycle); otherwise it is bounded: no growth at all (memory-bound) and growth
-  in proportion to the tokens (compute-bound);
+- verify(k) = verify(K) + g * batch * (k - K): g is what one more verified token costs.
+  It is measured when the profile holds cycles of different batch sizes and their context
+  lengths (a least-squares plane through verify time against verified tokens and KV
+  tokens, so that the attention over longer or more sequences is not mistaken for the
+  cost of a token), with its standard error. Without context lengths, the line through
+  verify time against verified tokens only bounds g from above; with one batch size, g
+  lies between 0 (memory-bound: no growth) and verify(K) / tokens (growth in proportion);
+- draft extend grows by the same ratio as verify;
 - beyond the profiled K, acceptance is unknown: a_i = a_K, bounded below by 0.
 
 Predicted tokens/s = batch * E(k) / T(k), scaled so that k = K reproduces the measured
@@ -20,11 +24,21 @@ cycle time. Each prediction carries a low and a high figure from those bounds.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 VERIFY = "verify"
 DRAFT = "draft"
 DRAFT_EXTEND = "draft_extend"
+
+
+@dataclass
+class Growth:
+    """GPU ms of verify per verified token: a central figure and the bounds it lies in."""
+    per_token: float
+    low: float
+    high: float
+    how: str  # "measured", "bounded above by batch sizes", "bounded (flat to proportional)"
 
 
 @dataclass
@@ -36,8 +50,15 @@ class Inputs:
     wall_ms: float | None  # measured cycle period, for calibration
     step_ms: list[float]  # per draft step at K
     per_position: list[float | None]  # a_1..a_K
-    verify_fit: tuple[float, float] | None = None  # (ms at 0 tokens, ms per token), from several batch sizes
+    growth: Growth | None = None  # None: bounded, flat to proportional
     notes: list[str] = field(default_factory=list)
+
+    def verify_growth(self) -> Growth:
+        if self.growth is not None:
+            return self.growth
+        tokens = self.batch * (self.steps + 1)
+        prop = self.phases.get(VERIFY, 0.0) / tokens if tokens > 0 else 0.0
+        return Growth(0.0, 0.0, prop, "bounded (flat to proportional)")
 
 
 def expected_tokens(a: list[float], k: int) -> float:
@@ -55,48 +76,33 @@ def _acceptance(inp: Inputs, k: int, low: bool) -> list[float]:
     return a
 
 
-def _scaled(ms: float, k: int, K: int, mode: str) -> float:
-    """A phase that processes k + 1 tokens a request, measured at K + 1."""
-    if mode == "flat":
-        return ms
-    return ms * (k + 1) / (K + 1)
-
-
-def cycle_ms(inp: Inputs, k: int, mode: str) -> float:
+def cycle_ms(inp: Inputs, k: int, per_token: float) -> float:
+    """T(k) with verify growing `per_token` GPU ms per verified token."""
     K = inp.steps
     ph = inp.phases
     fixed = sum(v for n, v in ph.items() if n not in (VERIFY, DRAFT, DRAFT_EXTEND)) + inp.between_ms
     forward_steps = [s for s in inp.step_ms[: max(K - 1, 0)]]
     s = sum(forward_steps) / len(forward_steps) if forward_steps else 0.0
     draft = max(ph.get(DRAFT, 0.0) + (k - K) * s, 0.0)
-    verify = ph.get(VERIFY, 0.0)
-    if mode == "fit" and inp.verify_fit is not None:
-        a0, per_token = inp.verify_fit
-        verify = max(verify + per_token * inp.batch * (k - K), 0.0)
-        extend = ph.get(DRAFT_EXTEND, 0.0)  # small next to verify; grows like it: scale by the same ratio
-        base = ph.get(VERIFY, 0.0)
-        extend = extend * (verify / base) if base > 0 else extend
-    else:
-        m = "flat" if mode == "fit" else mode
-        verify = _scaled(verify, k, K, m)
-        extend = _scaled(ph.get(DRAFT_EXTEND, 0.0), k, K, m)
+    base = ph.get(VERIFY, 0.0)
+    verify = max(base + per_token * inp.batch * (k - K), 0.0)
+    extend = ph.get(DRAFT_EXTEND, 0.0) * (verify / base if base > 0 else 1.0)
     return fixed + draft + verify + extend
 
 
 def predict(inp: Inputs, ks=range(1, 9)) -> dict:
     K = inp.steps
-    model_K = cycle_ms(inp, K, "fit")
+    g = inp.verify_growth()
+    model_K = cycle_ms(inp, K, g.per_token)
     scale = (inp.wall_ms / model_K) if inp.wall_ms and model_K > 0 else 1.0
     rows = []
     for k in ks:
-        central_t = cycle_ms(inp, k, "fit") * scale
-        flat_t = cycle_ms(inp, k, "flat") * scale
-        prop_t = cycle_ms(inp, k, "proportional") * scale
+        central_t = cycle_ms(inp, k, g.per_token) * scale
+        ends = (cycle_ms(inp, k, g.low) * scale, cycle_ms(inp, k, g.high) * scale)
+        t_lo, t_hi = min(ends), max(ends)
         e_c = expected_tokens(_acceptance(inp, k, low=False), k)
         e_lo = expected_tokens(_acceptance(inp, k, low=True), k)
         tok = lambda e, t: inp.batch * e / (t / 1000.0) if t > 0 else float("nan")  # noqa: E731
-        # fewer tokens than profiled: cost falls at most in proportion, at least not at all
-        t_lo, t_hi = (min(flat_t, prop_t), max(flat_t, prop_t))
         rows.append({
             "steps": k, "draft_tokens": k + 1,
             "expected_tokens": round(e_c, 4),
@@ -114,12 +120,13 @@ def predict(inp: Inputs, ks=range(1, 9)) -> dict:
         "profiled_steps": K, "batch": round(inp.batch, 3), "rows": rows, "best": best["steps"],
         "expected_gain": None if gain is None else round(gain, 4),
         "within_uncertainty": [r["steps"] for r in rivals],
-        "verify_growth": "measured from batch sizes" if inp.verify_fit else "bounded (flat to proportional)",
+        "verify_growth": g.how,
+        "verify_ms_per_token": [round(g.per_token, 5), round(g.low, 5), round(g.high, 5)],
         "notes": inp.notes,
     }
 
 
-def inputs_from_bucket(bucket: dict, steps: int, verify_fit=None) -> Inputs | None:
+def inputs_from_bucket(bucket: dict, steps: int, growth: Growth | None = None) -> Inputs | None:
     """Advisor inputs from one (merged) bucket of a profile; None if it has no decode cycles."""
     if not bucket.get("cycles"):
         return None
@@ -129,31 +136,74 @@ def inputs_from_bucket(bucket: dict, steps: int, verify_fit=None) -> Inputs | No
     notes = []
     if steps < 2:
         notes.append("profiled with 1 step: the cost of a draft step is not measured, so more steps are guessed")
-    return Inputs(steps=steps, batch=batch, phases=phases,
-                  between_ms=bucket["between_cycles_gpu_ms"]["mean"] or 0.0,
-                  wall_ms=bucket["cycle_wall_ms"]["mean"],
-                  step_ms=[s["mean"] or 0.0 for s in bucket["draft_steps_gpu_ms"]],
-                  per_position=acc["per_position"], verify_fit=verify_fit, notes=notes)
+    inp = Inputs(steps=steps, batch=batch, phases=phases,
+                 between_ms=bucket["between_cycles_gpu_ms"]["mean"] or 0.0,
+                 wall_ms=bucket["cycle_wall_ms"]["mean"],
+                 step_ms=[s["mean"] or 0.0 for s in bucket["draft_steps_gpu_ms"]],
+                 per_position=acc["per_position"], growth=growth, notes=notes)
+    if growth is not None and growth.how != "measured":
+        # an upper bound from batch sizes narrows the proportional one, never widens it
+        flat_prop = Inputs.verify_growth(Inputs(**{**inp.__dict__, "growth": None}))
+        inp.growth = Growth(0.0, 0.0, min(growth.high, flat_prop.high), growth.how)
+    return inp
 
 
-def fit_verify(buckets: dict, steps: int) -> tuple[float, float] | None:
-    """A line through mean verify ms against tokens verified a cycle, over the buckets."""
-    pts = []
-    for b in buckets.values():
-        v = b["phases"].get(VERIFY, {}).get("gpu_ms", {}).get("mean")
-        n = b["accept"].get("verified_requests")
-        if v is None or not b["cycles"] or not n:
-            continue
-        pts.append((n / b["cycles"] * (steps + 1), v, b["cycles"]))
-    if len({round(x, 3) for x, _, _ in pts}) < 2:
+def _solve(a: list[list[float]], b: list[float]) -> list[float] | None:
+    """Gaussian elimination with partial pivoting; None if singular."""
+    n = len(b)
+    m = [row[:] + [b[i]] for i, row in enumerate(a)]
+    for c in range(n):
+        p = max(range(c, n), key=lambda r: abs(m[r][c]))
+        if abs(m[p][c]) < 1e-12 * max(1.0, max(abs(x) for row in m for x in row[:n])):
+            return None
+        m[c], m[p] = m[p], m[c]
+        for r in range(n):
+            if r != c:
+                f = m[r][c] / m[c][c]
+                m[r] = [x - f * y for x, y in zip(m[r], m[c])]
+    return [m[i][n] / m[i][i] for i in range(n)]
+
+
+def _wls(xs: list[list[float]], ys: list[float], ws: list[float]):
+    """Weighted least squares: coefficients and their standard errors, or None."""
+    p = len(xs[0])
+    xtx = [[sum(w * x[i] * x[j] for x, w in zip(xs, ws)) for j in range(p)] for i in range(p)]
+    xty = [sum(w * x[i] * y for x, y, w in zip(xs, ys, ws)) for i in range(p)]
+    beta = _solve(xtx, xty)
+    if beta is None:
         return None
-    w = sum(c for _, _, c in pts)
-    mx = sum(x * c for x, _, c in pts) / w
-    my = sum(y * c for _, y, c in pts) / w
-    sxx = sum(c * (x - mx) ** 2 for x, _, c in pts)
-    sxy = sum(c * (x - mx) * (y - my) for x, y, c in pts)
-    slope = max(sxy / sxx, 0.0) if sxx > 0 else 0.0
-    return (my - slope * mx, slope)
+    n = len(ys)
+    if n <= p:
+        return beta, [float("inf")] * p
+    # a point is the mean of w cycles: variance sigma^2 / w, sigma^2 from the residuals
+    sigma2 = sum(w * (y - sum(b * xi for b, xi in zip(beta, x))) ** 2 for x, y, w in zip(xs, ys, ws)) / (n - p)
+    se = []
+    for i in range(p):
+        col = _solve(xtx, [1.0 if j == i else 0.0 for j in range(p)])
+        se.append(math.sqrt(max(col[i] * sigma2, 0.0)) if col else float("inf"))
+    return beta, se
+
+
+def fit_verify(points: list, steps: int) -> Growth | None:
+    """What a verified token adds to verify, from [requests per cycle, context tokens, verify ms,
+    cycles] points (one per window and bucket, `report.verify_points`)."""
+    pts = [(r * (steps + 1), ctx, v, c) for r, ctx, v, c in points if c and r]
+    if len({round(t, 3) for t, _, _, _ in pts}) < 2:
+        return None  # one batch size: verify's growth with tokens is not seen
+    ws = [c for _, _, _, c in pts]
+    ys = [v for _, _, v, _ in pts]
+    if all(ctx is not None for _, ctx, _, _ in pts) and len(pts) >= 4:
+        fit = _wls([[1.0, t, ctx] for t, ctx, _, _ in pts], ys, ws)
+        if fit is not None:
+            (_, g, _), (_, se, _) = fit
+            if math.isfinite(se):
+                lo, hi = max(g - 2 * se, 0.0), max(g + 2 * se, 0.0)
+                return Growth(min(max(g, 0.0), hi), lo, hi, "measured")
+    fit = _wls([[1.0, t] for t, _, _, _ in pts], ys, ws)
+    if fit is None:
+        return None
+    slope = max(fit[0][1], 0.0)
+    return Growth(0.0, 0.0, slope, "bounded above by batch sizes (no context lengths in the profile)")
 
 
 def format_advice(adv: dict) -> str:

@@ -115,12 +115,14 @@ def merge_buckets(windows: list[dict]) -> dict:
         gap = _merge_stats([b["between_cycles_gpu_ms"] for b in bs])
         accept_cycles = sum(b["accept"]["committed_tokens"] / b["accept"]["tokens_per_cycle"]
                             for b in bs if b["accept"].get("tokens_per_cycle"))
+        ctx = [b["context_tokens"] for b in bs if (b.get("context_tokens") or {}).get("n")]
         merged[key] = {
             "cycles": cycles,
             "prefill_cycles": sum(b["prefill_cycles"] for b in bs),
             "phases": phases,
             "draft_steps_gpu_ms": steps,
             "cycle_gpu_ms": cyc,
+            "context_tokens": _merge_stats(ctx) if ctx else None,
             "between_cycles_gpu_ms": gap,
             "cycle_wall_ms": wall,
             "accounted": _r((cyc["mean"] + (gap["mean"] or 0)) / wall["mean"]) if wall["mean"] and cyc["mean"] else None,
@@ -146,8 +148,24 @@ def summarize(windows: list[dict]) -> dict:
             "rank": first.get("rank"), "config": first.get("config", {}),
             "decode_cycles": sum(w["decode_cycles"] for w in windows), "seconds": _r(busy),
             "tokens_per_s": _r(committed / busy) if busy else None, "buckets": buckets,
+            "verify_points": verify_points(windows),
             "dropped_cycles": max((w.get("dropped_cycles") or 0) for w in windows),
             "steps_lost": max((w.get("steps_lost") or 0) for w in windows)}
+
+
+def verify_points(windows: list[dict]) -> list[list]:
+    """[requests per cycle, context tokens per cycle or None, verify GPU ms, cycles] for each
+    window's buckets: what the advisor fits the growth of verify with tokens on."""
+    pts = []
+    for w in windows:
+        for b in w["buckets"].values():
+            v = (b["phases"].get(advisor.VERIFY) or {}).get("gpu_ms", {}).get("mean")
+            reqs = b["accept"].get("verified_requests")
+            if v is None or not b["cycles"] or not reqs:
+                continue
+            ctx = (b.get("context_tokens") or {}).get("mean")
+            pts.append([round(reqs / b["cycles"], 4), ctx, v, b["cycles"]])
+    return pts
 
 
 def advise(summary: dict) -> dict:
@@ -157,7 +175,7 @@ def advise(summary: dict) -> dict:
     out = {}
     if not steps:
         return out
-    fit = advisor.fit_verify(summary["buckets"], steps)
+    fit = advisor.fit_verify(summary.get("verify_points") or [], steps)
     for key, b in summary["buckets"].items():
         inp = advisor.inputs_from_bucket(b, steps, fit)
         if inp is None:

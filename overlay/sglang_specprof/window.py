@@ -29,6 +29,7 @@ class Cycle:
     graph: dict | None = None  # {"draft": bool, "verify": bool, "draft_extend": bool, "padded_bs": int}
     host_start_s: float | None = None  # host clock at the cycle's first mark
     host_offsets_ms: list[float] = field(default_factory=list)  # each phase's host start, from the first mark
+    context_tokens: int | None = None  # sum of the batch's sequence lengths at the cycle's start
 
 
 def bucket_of(bs: int) -> str:
@@ -95,6 +96,7 @@ class Bucket:
         self.steps: list[Series] = []
         self.gap = Series()
         self.cycle_gpu = Series()
+        self.context = Series()
         self.period = Series()
         self.graph_replays = {"draft": 0, "verify": 0, "draft_extend": 0}
         self.padding = Series()
@@ -123,6 +125,8 @@ class Bucket:
             self.host[name].add(h)
             total += g
         self.cycle_gpu.add(total)
+        if c.context_tokens is not None:
+            self.context.add(c.context_tokens)
         for i, s in enumerate(c.steps_gpu_ms):
             while len(self.steps) <= i:
                 self.steps.append(Series())
@@ -176,6 +180,7 @@ class Bucket:
             "phases": phases,
             "draft_steps_gpu_ms": [s.stats() for s in self.steps],
             "cycle_gpu_ms": self.cycle_gpu.stats(),
+            "context_tokens": self.context.stats(),
             "between_cycles_gpu_ms": self.gap.stats(),
             "cycle_wall_ms": self.period.stats(),
             "accounted": accounted,

@@ -29,7 +29,7 @@ POOL = 64  # cycles in flight at most; beyond that the oldest is dropped and cou
 
 
 class _Slot:
-    __slots__ = ("events", "host", "names", "n", "kind", "bs", "graph", "steps_key", "steps_replay",
+    __slots__ = ("events", "host", "names", "n", "kind", "bs", "ctx", "graph", "steps_key", "steps_replay",
                  "steps_ms", "seq")
 
     def __init__(self, backend):
@@ -42,6 +42,7 @@ class _Slot:
         self.n = 0
         self.kind = "decode"
         self.bs = 0
+        self.ctx = None
         self.graph = None
         self.steps_key = None
         self.steps_replay = -1
@@ -54,7 +55,7 @@ class NullProfiler:
 
     enabled = False
 
-    def begin(self, kind, bs):
+    def begin(self, kind, bs, ctx=None):
         pass
 
     def mark(self, name):
@@ -126,7 +127,8 @@ class Profiler(NullProfiler):
         self.totals = {"decode_cycles": 0, "prefill_cycles": 0, "phase_gpu_ms": {}, "committed_tokens": 0}
 
     # -- hot path -------------------------------------------------------------------
-    def begin(self, kind, bs):
+    def begin(self, kind, bs, ctx=None):
+        """A cycle of `bs` requests starts; `ctx`: the sum of their sequence lengths (KV tokens)."""
         try:
             if self.capturing_key is not None:
                 self._capture_done()
@@ -140,6 +142,7 @@ class Profiler(NullProfiler):
             s.reset()
             s.kind = kind
             s.bs = bs
+            s.ctx = ctx if isinstance(ctx, (int, float)) else None  # never a tensor: reading one waits
             s.seq = self.seq
             self.seq += 1
             self.cur = s
@@ -322,7 +325,7 @@ class Profiler(NullProfiler):
         if p is not None and p.seq == s.seq - 1 and p.kind == "decode":
             gap = el(p.events[p.n - 1], ev[0])
             period = (s.host[0] - p.host[0]) * 1000.0
-        c = Cycle(kind=s.kind, bs=s.bs, phases=phases, steps_gpu_ms=steps, gap_gpu_ms=gap,
+        c = Cycle(kind=s.kind, bs=s.bs, context_tokens=s.ctx, phases=phases, steps_gpu_ms=steps, gap_gpu_ms=gap,
                   period_host_ms=period, graph=s.graph, host_start_s=s.host[0], host_offsets_ms=offsets)
         t = self.totals
         t[s.kind + "_cycles"] = t.get(s.kind + "_cycles", 0) + 1
