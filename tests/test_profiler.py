@@ -216,7 +216,9 @@ def graph_cycle(p, b, key, evs, step_ms):
     b.advance(0.25)  # the graph runner copies the inputs and sets the attention metadata
     p.graph_replay(key)
     replay(b, evs, step_ms)
-    b.advance(sum(step_ms) + 0.05)
+    b.advance(sum(step_ms))
+    p.graph_replayed()
+    b.advance(0.05)  # the runner hands the replay's outputs back
     p.mark("draft")
     p.graph("draft", True, type("R", (), {"bs": 2})())
     b.advance(6.0)
@@ -239,11 +241,12 @@ def test_draft_steps_inside_a_captured_graph(fake):
     assert steps == pytest.approx([sum(0.1 * (k + 1) for k in range(10)) / 10, 0.2, 0.3])
     assert bucket["graph"]["replays"]["draft"] == 10
     assert bucket["graph"]["padding_mean"] == 1.0
-    # the graph's input preparation is a phase of its own; `draft` is the replay alone
+    # the graph's input preparation and its outputs are phases of their own; `draft` is the replay alone
     ph = {n: v["gpu_ms"]["mean"] for n, v in bucket["phases"].items()}
-    assert list(ph) == ["draft_prep", "draft_inputs", "draft", "verify"]
+    assert list(ph) == ["draft_prep", "draft_inputs", "draft", "draft_outputs", "verify"]
     assert ph["draft_inputs"] == pytest.approx(0.25)
-    assert ph["draft"] == pytest.approx(sum(steps) + 0.05)
+    assert ph["draft"] == pytest.approx(sum(steps))
+    assert ph["draft_outputs"] == pytest.approx(0.05)
     assert out[0]["steps_lost"] == 0
 
 
@@ -297,6 +300,7 @@ def test_null_profiler_is_the_default_and_does_nothing():
     n.draft_step(0)
     n.graph("draft", True, None)
     n.graph_replay(("g", 1))
+    n.graph_replayed()
     n.capture_begin(("g", 1))
     n.capture_end()
     n.end()

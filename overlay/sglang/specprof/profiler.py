@@ -73,6 +73,9 @@ class NullProfiler:
     def graph_replay(self, key):
         pass
 
+    def graph_replayed(self):
+        pass
+
     def capture_begin(self, key):
         pass
 
@@ -157,6 +160,8 @@ class Profiler(NullProfiler):
             return
         try:
             if s.n < MAX_MARKS:
+                if name == "draft" and s.names[s.n - 1] == "draft":
+                    name = "draft_outputs"  # the graph replay closed `draft`: what follows it until here
                 self._record(s, name)
         except Exception as e:
             self._fail(e)
@@ -251,6 +256,16 @@ class Profiler(NullProfiler):
                 s.steps_key = key
                 s.steps_replay = n
                 s.steps_ms = None
+        except Exception as e:
+            self._fail(e)
+
+    def graph_replayed(self):
+        """Just after a draft graph replay: closes `draft`, the replay alone."""
+        s = self.cur
+        if s is None or s.n >= MAX_MARKS or s.names[s.n - 1] != "draft_inputs":
+            return
+        try:
+            self._record(s, "draft")
         except Exception as e:
             self._fail(e)
 
