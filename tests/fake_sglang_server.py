@@ -61,8 +61,9 @@ class Engine:
                     next_t = time.perf_counter()
                 batch = list(self.active)
             bs, tokens = len(batch), len(batch) * (self.steps + 1)
+            ctx = sum(64 + job[1] for job in batch)
             length = self.accept_length()
-            ms = self.cycle(bs, tokens, length)
+            ms = self.cycle(bs, tokens, ctx, length)
             next_t += ms / 1000.0
             delay = next_t - time.perf_counter()
             if delay > 0:
@@ -75,11 +76,11 @@ class Engine:
                         self.active.remove(job)
                         job[2].set()
 
-    def cycle(self, bs, tokens, length):
+    def cycle(self, bs, tokens, ctx, length):
         p, b = self.p, self.b
         total = 0.0
         if p is not None:
-            p.begin("decode", bs)
+            p.begin("decode", bs, ctx)
         for name in ("draft_prep", "draft", "tree", "verify", "accept", "draft_extend"):
             if name == "draft":
                 for i in range(self.steps):

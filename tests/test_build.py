@@ -130,12 +130,12 @@ def test_altered_cached_file_is_checked_again(tmp_path, upstream_wheel, default_
     assert not (cache / name).exists()
 
 
-def test_foreign_from_wheel_is_refused(tmp_path):
+def test_foreign_from_wheel_is_refused(tmp_path, default_release):
     bogus = tmp_path / "sglang-0.5.12-cp311-cp311-manylinux_2_34_x86_64.whl"
     bogus.write_bytes(b"not a wheel")
     proc = run_build("--from-wheel", str(bogus), "--out", str(tmp_path / "d"))
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
-    assert "is none of the 8 files pinned for sglang 0.5.12" in proc.stderr
+    assert f"is none of the 8 files pinned for sglang {default_release.version}" in proc.stderr
     assert not (tmp_path / "d").exists()
 
 
@@ -167,7 +167,7 @@ def test_out_path_that_is_a_file(tmp_path, upstream_wheel):
 
 def test_choose_other_interpreter_and_platform(default_release):
     name = fetch.choose(default_release.pin, "cp312", "manylinux_2_34_aarch64")
-    assert name == "sglang-0.5.12-cp312-cp312-manylinux_2_34_aarch64.whl"
+    assert name == f"sglang-{default_release.version}-cp312-cp312-manylinux_2_34_aarch64.whl"
     with pytest.raises(BuildError, match="publishes no wheel for cp39"):
         fetch.choose(default_release.pin, "cp39", None)
 
@@ -182,7 +182,8 @@ def test_pip_arguments_select_exactly_one_artifact():
                     "--abi", "cp312", "--platform", "manylinux_2_34_aarch64", "sglang==0.5.12"]
 
 
-def test_builds_for_another_interpreter_and_architecture(tmp_path):
+def test_builds_for_another_interpreter_and_architecture(tmp_path, default_release):
     proc = run_build("--python-tag", "cp312", "--platform", "manylinux_2_34_aarch64", "--out", str(tmp_path))
     assert proc.returncode == 0, proc.stderr
-    assert Path(proc.stdout.strip()).name == "sglang-0.5.12+specprof.1-cp312-cp312-manylinux_2_34_aarch64.whl"
+    assert Path(proc.stdout.strip()).name == (f"sglang-{default_release.full_version}-cp312-cp312-"
+                                              "manylinux_2_34_aarch64.whl")

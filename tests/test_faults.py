@@ -38,7 +38,7 @@ def listing(folder):
 # -- build.py -------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("damage", ["truncated", "corrupted", "foreign"])
-def test_damaged_from_wheel_is_refused(tmp_path, upstream_wheel, damage):
+def test_damaged_from_wheel_is_refused(tmp_path, upstream_wheel, default_release, damage):
     data = upstream_wheel.read_bytes()
     bad = tmp_path / upstream_wheel.name
     if damage == "truncated":
@@ -50,7 +50,7 @@ def test_damaged_from_wheel_is_refused(tmp_path, upstream_wheel, damage):
     out = tmp_path / "dist"
     proc = no_traceback(run_build("--from-wheel", str(bad), "--out", str(out)))
     assert proc.returncode == 1
-    assert "is none of the 8 files pinned for sglang 0.5.12" in one_error_line(proc)
+    assert f"is none of the 8 files pinned for sglang {default_release.version}" in one_error_line(proc)
     assert listing(out) == []
 
 

@@ -438,3 +438,22 @@ def test_spread_across_two_ranks(tmp_path):
     assert spread["buckets"]["1"]["draft"]["spread"] == pytest.approx(0.0)
     assert "ranks" not in got[1]  # only rank 0 reports the spread
     assert "verify 0.500 ms (rank 1 slowest)" in format_summary(got[0])
+
+
+def test_context_length_of_each_cycle_is_kept_and_a_tensor_is_never_read(fake):
+    p, b, out = fake
+
+    class Tensorish:  # a device tensor's sum would make the host wait: it is ignored, not read
+        def __int__(self):
+            raise AssertionError("read")
+
+    for i in range(11):
+        p.begin("decode", 2, 1000 + 100 * i if i < 10 else Tensorish())
+        for name, ms in PHASES:
+            b.advance(ms)
+            p.mark(name)
+        p.end()
+        b.advance(0.4)
+        p.harvest([2, 2])
+    ctx = out[0]["buckets"]["2"]["context_tokens"]
+    assert ctx["n"] == 10 and ctx["mean"] == pytest.approx(1450.0)

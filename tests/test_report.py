@@ -23,18 +23,18 @@ def test_expected_tokens_formula():
     assert advisor.expected_tokens([0.5], 3) == pytest.approx(1 + 0.5 + 0.25 + 0.125)
 
 
-def story_inputs(verify_fit):
+def story_inputs(growth):
     """A cycle like the one in the story: verify 95% of it (24 ms at 6 tokens), acceptance ~47%."""
     return advisor.Inputs(
         steps=5, batch=1.0,
         phases={"draft_prep": 0.1, "draft": 1.2, "tree": 0.05, "verify": 24.0, "accept": 0.1, "draft_extend": 0.35},
         between_ms=0.2, wall_ms=26.0, step_ms=[0.22, 0.22, 0.22, 0.22, 0.02],
-        per_position=[0.7, 0.55, 0.45, 0.4, 0.35], verify_fit=verify_fit)
+        per_position=[0.7, 0.55, 0.45, 0.4, 0.35], growth=growth)
 
 
 def test_story_two_steps_beat_five_when_verify_grows_with_tokens():
     # verify measured to grow 2 ms per extra token (MoE experts, TP communication)
-    adv = advisor.predict(story_inputs((12.0, 2.0)))
+    adv = advisor.predict(story_inputs(advisor.Growth(2.0, 1.8, 2.2, "measured")))
     rows = {r["steps"]: r for r in adv["rows"]}
     assert adv["best"] == 2
     assert rows[2]["tokens_per_s"] > rows[5]["tokens_per_s"] * 1.15
@@ -61,12 +61,44 @@ def test_simulated_acceptance_of_three_advises_two_steps():
     assert rows[3]["tokens_per_s"] == pytest.approx(summary["buckets"]["1"]["tokens_per_s"], rel=0.02)
 
 
-def test_fit_verify_recovers_a_line():
-    b = lambda v, reqs, cycles: {"cycles": cycles, "phases": {"verify": {"gpu_ms": {"mean": v}}},  # noqa: E731
-                                 "accept": {"verified_requests": reqs}}
-    fit = advisor.fit_verify({"1": b(6.0 + 0.5 * 4, 100, 100), "3-4": b(6.0 + 0.5 * 16, 400, 100)}, 3)
-    assert fit == pytest.approx((6.0, 0.5))
-    assert advisor.fit_verify({"1": b(8.0, 100, 100)}, 3) is None
+def dense_points(per_token=0.0, steps=5):
+    """Windows of a dense model at 1 and 8 requests: verify = 5 ms + attention over the KV
+    tokens (0.0015 ms each) + `per_token` ms for each verified token."""
+    pts = []
+    for bs in (1, 8):
+        for w in range(12):
+            ctx = bs * (64 + 80 * w)
+            pts.append([bs, ctx, 5.0 + 0.0015 * ctx + per_token * bs * (steps + 1) + 0.01 * (-1) ** w, 100])
+    return pts
+
+
+def test_fit_verify_tells_attention_from_the_cost_of_a_token():
+    flat = advisor.fit_verify(dense_points(0.0), 5)
+    assert flat.how == "measured" and flat.low == 0.0
+    assert flat.per_token == pytest.approx(0.0, abs=2e-3) and flat.high < 5e-3
+    moe = advisor.fit_verify(dense_points(0.05), 5)  # each verified token costs 0.05 ms more
+    assert moe.how == "measured"
+    assert moe.low <= 0.05 <= moe.high and moe.per_token == pytest.approx(0.05, abs=3e-3)
+
+
+def test_without_context_lengths_the_batch_size_line_only_bounds_the_growth():
+    pts = [[bs, None, v, c] for bs, _, v, c in dense_points(0.0)]
+    g = advisor.fit_verify(pts, 5)
+    assert g.how.startswith("bounded above") and g.per_token == 0.0 and g.low == 0.0
+    assert g.high > 0.01  # attention over 8 sequences, read as if it were the tokens' cost
+    one_size = [p for p in dense_points(0.0) if p[0] == 1]
+    assert advisor.fit_verify(one_size, 5) is None  # one batch size: nothing to fit
+
+
+def test_a_dense_profile_is_not_talked_out_of_more_steps_by_attention():
+    """Verify that grows only with the KV read: the batch-size line would have cut verify at
+    fewer steps; the plane sees no growth per token, and predicts the same verify time."""
+    inp = story_inputs(advisor.fit_verify(dense_points(0.0), 5))
+    inp.per_position = [1.0, 1.0, 1.0, 0.0, 0.0]  # acceptance 4.0
+    adv = advisor.predict(inp)
+    rows = {r["steps"]: r for r in adv["rows"]}
+    assert adv["best"] == 3
+    assert rows[3]["cycle_ms"] == pytest.approx(26.0 - 2 * 0.22, abs=0.05)  # two draft steps fewer, verify as is
 
 
 def test_merge_is_exact_for_counts_and_means():

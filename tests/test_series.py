@@ -75,9 +75,9 @@ def test_bad_pins_are_one_sentence(text, fragment):
         release.parse_pin(text)
 
 
-def test_pin_covers_every_published_wheel(default_release):
+def test_pin_covers_every_published_wheel():
     # 0.5.12 publishes wheels for cp310..cp313 on x86_64 and aarch64 and no sdist.
-    names = default_release.pin.artifacts
+    names = release.load("0.5.12").pin.artifacts
     assert len(names) == 8
     for py in ("cp310", "cp311", "cp312", "cp313"):
         for arch in ("x86_64", "aarch64"):
