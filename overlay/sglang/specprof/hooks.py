@@ -17,12 +17,26 @@ logger = logging.getLogger("sglang.specprof")
 P = NullProfiler()
 
 
+def _resolved(server_args):
+    """From 0.5.23 the record keeps the operator's input and resolution is declared beside
+    it (steps, algorithm): read through SGLang's resolved view where there is one."""
+    if not hasattr(server_args, "resolve_once"):
+        return server_args
+    try:
+        from sglang.srt.arg_groups.model_override_base import resolved_view
+
+        return resolved_view(server_args)
+    except Exception:
+        return server_args
+
+
 def install(server_args, tp_rank: int = 0, worker: str = "v2") -> None:
     global P
     if not getattr(server_args, "speculative_profile", False):
         P = NullProfiler()
         return
     try:
+        server_args = _resolved(server_args)
         from .cuda_backend import CudaBackend
         from .jsonl import JsonlSink
         from .profiler import Profiler

@@ -81,8 +81,15 @@ def validate(args) -> None:
 
 
 def from_cli_args(parser: argparse.ArgumentParser, server_args_cls, raw_args):
-    """ServerArgs.from_cli_args, with a profiler option error shown as a usage error."""
+    """ServerArgs.from_cli_args, with a profiler option error shown as a usage error.
+
+    Up to 0.5.16 constructing ServerArgs runs the check (the patch calls `validate` where
+    upstream handles speculative decoding); from 0.5.23 construction only records the
+    options and resolution comes later, so the options are checked here as well, while
+    the command line can still be refused with a usage error."""
     try:
-        return server_args_cls.from_cli_args(raw_args)
+        args = server_args_cls.from_cli_args(raw_args)
+        validate(args)
+        return args
     except SpecProfileArgError as e:
         parser.exit(2, f"{parser.prog}: error: {e}\n")
