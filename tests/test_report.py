@@ -266,3 +266,51 @@ def test_plot(tmp_path, capsys):
     assert img.shape[0] > 500 and img.shape[1] > 1500
     code, _, err = run_cli("report", str(V2), "--plot", str(tmp_path / "no" / "fig.png"), capsys=capsys)
     assert code == 1 and "cannot write" in err
+
+
+@pytest.mark.parametrize("acc", ["2.5", "4.0"])
+def test_advisor_reproduces_its_recorded_gpu_validation(tmp_path, acc):
+    """The steps-5 profile of a GPU run against the tokens/s measured at steps 1-5 in the same
+    run (bench/results/advisor-0.5.12-accA.json): the pick is the fastest measured setting
+    and every prediction is within 10%. A change to the model that breaks this fails here."""
+    import lzma
+
+    results = Path(__file__).resolve().parent.parent / "bench" / "results"
+    profile = tmp_path / "steps5.jsonl"
+    profile.write_bytes(lzma.decompress((results / "profiles" / f"advisor-0.5.12-acc{acc}-steps5.jsonl.xz").read_bytes()))
+    recorded = json.loads((results / f"advisor-0.5.12-acc{acc}.json").read_text())
+    windows, _ = report.load(str(profile))
+    advice = report.advise(report.summarize(windows))
+    for c, v in recorded["concurrency"].items():
+        adv = advice[v["bucket"]]
+        measured = {s["steps"]: s["measured_median"] for s in v["settings"]}
+        assert adv["best"] == max(measured, key=measured.get), (c, adv["best"])
+        for row in adv["rows"]:
+            if row["steps"] in measured:
+                assert row["tokens_per_s"] == pytest.approx(measured[row["steps"]], rel=0.10), (c, row)
+
+
+def test_a_gpu_profile_with_context_lengths_measures_no_growth_per_token_on_a_dense_model(tmp_path):
+    """0.5.12 on the GPU machine, 8B-shaped dense target at 1 and 8 requests, 5 steps: verify
+    grows with the context it attends over, not with the tokens it verifies."""
+    import lzma
+
+    results = Path(__file__).resolve().parent.parent / "bench" / "results" / "profiles"
+    profile = tmp_path / "p.jsonl"
+    profile.write_bytes(lzma.decompress((results / "advisor-0.5.12-acc4.0-steps5.jsonl.xz").read_bytes()))
+    windows, _ = report.load(str(profile))
+    summary = report.summarize(windows)
+    assert summary["buckets"]["1"]["context_tokens"]["mean"] > 64
+    adv = report.advise(summary)["5-8"]
+    assert adv["verify_growth"] == "measured"
+    central, low, high = adv["verify_ms_per_token"]
+    assert low == 0.0 and central < 0.005 and high < 0.01
+
+
+def test_a_016_gpu_profile_splits_the_draft_graph():
+    windows, _ = report.load(str(DATA / "profile-0.5.16-eagle3-v2-topk1.jsonl"))
+    b = report.summarize(windows)["buckets"]["1"]
+    assert list(b["phases"])[:4] == ["draft_prep", "draft_inputs", "draft", "draft_outputs"]
+    steps = sum(s["mean"] for s in b["draft_steps_gpu_ms"])
+    # the replay is the draft steps plus what the graph does before the first step event
+    assert steps <= b["phases"]["draft"]["gpu_ms"]["mean"] <= steps * 1.15

@@ -28,6 +28,16 @@ MAX_MARKS = 16
 POOL = 64  # cycles in flight at most; beyond that the oldest is dropped and counted
 
 
+def _context(ctx):
+    """KV tokens of a cycle: a number, or the sum of a CPU tensor of sequence lengths (0.5.16
+    on keeps only that one up to date). A device tensor is never read: that would wait."""
+    if ctx is None or isinstance(ctx, (int, float)):
+        return ctx
+    if getattr(getattr(ctx, "device", None), "type", None) == "cpu":
+        return int(ctx.sum())
+    return None
+
+
 class _Slot:
     __slots__ = ("events", "host", "names", "n", "kind", "bs", "ctx", "graph", "steps_key", "steps_replay",
                  "steps_ms", "seq")
@@ -145,7 +155,7 @@ class Profiler(NullProfiler):
             s.reset()
             s.kind = kind
             s.bs = bs
-            s.ctx = ctx if isinstance(ctx, (int, float)) else None  # never a tensor: reading one waits
+            s.ctx = _context(ctx)
             s.seq = self.seq
             self.seq += 1
             self.cur = s
