@@ -65,7 +65,7 @@ class Series:
     def add(self, x: float) -> None:
         self.n += 1
         self.total += x
-        if len(self.samples) < SAMPLES_PER_SERIES:
+        if self.n <= SAMPLES_PER_SERIES:
             self.samples.append(x)
         else:
             j = self._rng.randrange(self.n)
@@ -104,7 +104,6 @@ class Bucket:
         # acceptance
         self.verified_reqs = 0
         self.accept_hist: list[int] = []
-        self.reached: list[int] = []  # reached[p]: requests whose first p drafts were all correct
         self.committed = 0
         self.accept_cycles = 0
 
@@ -116,13 +115,15 @@ class Bucket:
             return
         self.cycles += 1
         total = 0.0
+        gpu, host = self.gpu, self.host
         for name, g, h in c.phases:
-            if name not in self.gpu:
+            sg = gpu.get(name)
+            if sg is None:
                 self.order.append(name)
-                self.gpu[name] = Series()
-                self.host[name] = Series()
-            self.gpu[name].add(g)
-            self.host[name].add(h)
+                sg = gpu[name] = Series()
+                host[name] = Series()
+            sg.add(g)
+            host[name].add(h)
             total += g
         self.cycle_gpu.add(total)
         if c.context_tokens is not None:
@@ -143,17 +144,14 @@ class Bucket:
 
     def add_accept(self, correct_per_req: list[int]) -> None:
         self.accept_cycles += 1
+        hist = self.accept_hist
         for c in correct_per_req:
-            c = max(0, int(c))
-            while len(self.accept_hist) <= c + 1:
-                self.accept_hist.append(0)
-            self.accept_hist[c + 1] += 1  # accept length = correct drafts + the bonus token
-            while len(self.reached) <= c:
-                self.reached.append(0)
-            for p in range(c + 1):
-                self.reached[p] += 1
-            self.committed += c + 1
-            self.verified_reqs += 1
+            c = int(c) + 1 if c > 0 else 1  # accept length = correct drafts + the bonus token
+            if len(hist) <= c:
+                hist.extend([0] * (c + 1 - len(hist)))
+            hist[c] += 1
+            self.committed += c
+        self.verified_reqs += len(correct_per_req)
 
     def summary(self, num_steps: int | None) -> dict:
         phases = {}
@@ -162,11 +160,14 @@ class Bucket:
             g = self.gpu[name]
             phases[name] = {"gpu_ms": g.stats(), "host_ms": self.host[name].stats(),
                             "share": _r(g.mean / mean_cycle) if mean_cycle == mean_cycle and mean_cycle > 0 else None}
-        positions = max(len(self.reached) - 1, num_steps or 0)
+        # reached[p]: requests whose first p drafts were all correct (accept length >= p + 1)
+        hist = self.accept_hist
+        reached = [sum(hist[p + 1:]) for p in range(max(len(hist) - 1, 0))]
+        positions = max(len(reached) - 1, num_steps or 0)
         per_position = []  # a_p: P(draft p correct | drafts 1..p-1 correct)
         for p in range(1, positions + 1):
-            prev = self.reached[p - 1] if p - 1 < len(self.reached) else 0
-            cur = self.reached[p] if p < len(self.reached) else 0
+            prev = reached[p - 1] if p - 1 < len(reached) else 0
+            cur = reached[p] if p < len(reached) else 0
             per_position.append(_r(cur / prev) if prev else None)
         n = self.verified_reqs
         mean_len = self.committed / n if n else float("nan")

@@ -327,17 +327,20 @@ class Profiler(NullProfiler):
         steps = []
         boundary = 0  # index of the mark that opened the current phase
         last_step = None
+        names, host = s.names, s.host
+        h0 = host[0]
         for i in range(1, s.n):
-            name = s.names[i]
-            if name.startswith("step"):
+            name = names[i]
+            if name[:4] == "step":
                 # eager draft steps: step k runs from its mark to the next step mark
                 if last_step is not None:
                     steps.append(el(ev[last_step], ev[i]))
                 last_step = i
                 continue
             last_step = None
-            phases.append((name, el(ev[boundary], ev[i]), (s.host[i] - s.host[boundary]) * 1000.0))
-            offsets.append((s.host[boundary] - s.host[0]) * 1000.0)
+            hb = host[boundary]
+            phases.append((name, el(ev[boundary], ev[i]), (host[i] - hb) * 1000.0))
+            offsets.append((hb - h0) * 1000.0)
             boundary = i
         if s.steps_key not in (None, "eager"):
             if s.steps_ms is None and s.steps_replay == self.replays.get(s.steps_key, 0):
