@@ -16,8 +16,16 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 HERE = Path(__file__).resolve().parent
 
 
-@pytest.mark.parametrize("topk", [1, 2])  # 1: the v2 worker; 2: the v1 worker
+def has_v1_worker():
+    import importlib.util
+
+    return importlib.util.find_spec("sglang.srt.speculative.eagle_worker") is not None
+
+
+@pytest.mark.parametrize("topk", [1, 2])  # 1: the v2 worker; 2: the v1 worker (up to 0.5.12)
 def test_profile_accounts_for_the_cycle(tmp_path, topk):
+    if topk == 2 and not has_v1_worker():
+        pytest.skip("this SGLang has no v1 worker (0.5.16 and later run topk > 1 on v2)")
     subprocess.run([sys.executable, str(HERE / "serve_check.py"), "--out", str(tmp_path), "--topk", str(topk),
                     "--concurrency", "1", "4", "--new-tokens", "3072"], check=True,
                    env=dict(os.environ, SGLANG_SIMULATE_ACC_LEN="3.0"))
