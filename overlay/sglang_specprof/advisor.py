@@ -208,8 +208,10 @@ def fit_verify(points: list, steps: int) -> Growth | None:
 
 def format_advice(adv: dict) -> str:
     best = next(r for r in adv["rows"] if r["steps"] == adv["best"])
+    g = adv.get("verify_ms_per_token")
+    per_token = f", {g[0]:.4f} ms per verified token ({g[1]:.4f}-{g[2]:.4f})" if g else ""
     lines = [f"advisor (profiled at {adv['profiled_steps']} steps, batch {adv['batch']}, verify growth "
-             f"{adv['verify_growth']}):",
+             f"{adv['verify_growth']}{per_token}):",
              f"  {'steps':>5} {'tokens':>6} {'E[tok]':>7} {'cycle ms':>9} {'tok/s':>9} {'low':>9} {'high':>9}"]
     for r in adv["rows"]:
         mark = " <- best" if r["steps"] == adv["best"] else (" (profiled)" if r["steps"] == adv["profiled_steps"] else "")
