@@ -35,7 +35,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpu_models import write_models  # noqa: E402
-from serving import eagle3_args, load, machine, quartiles, rotations, start_all, stop_all, tok_s  # noqa: E402
+from serving import (eagle3_args, load, machine, portable_command, quartiles, rotations,  # noqa: E402
+                     start_all, stop_all, tok_s)
 
 TOLERANCE = 0.10
 
@@ -161,8 +162,7 @@ def main():
     by_steps = dict(zip(a.steps, servers.values()))
     result = {"benchmark": "advisor", "sglang": a.sglang, "simulated_accept_length": a.acc,
               "profiled_steps": a.profile_steps, "new_tokens": a.new_tokens, "tolerance": TOLERANCE,
-              "command": "python bench/advisor_check.py " + " ".join(
-                  "OUT" if sys.argv[i] in ("--out", "--logs") else x for i, x in enumerate(sys.argv[1:], 1)),
+              "command": portable_command("bench/advisor_check.py", sys.argv[1:]),
               "machine": machine(), "date": datetime.date.today().isoformat(),
               "startup_s": round(time.time() - t0, 1), "concurrency": {}}
     runs = {}

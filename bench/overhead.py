@@ -29,22 +29,14 @@ import datetime
 import json
 import os
 import random
-import shlex
 import statistics
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpu_models import write_models  # noqa: E402
-from serving import eagle3_args, http, load, machine, quartiles, rotations, start_all, stop_all, tok_s  # noqa: E402
-
-
-def _portable_args(argv):
-    """The command line as recorded: the run's own folders named, not spelled out."""
-    out, names = [], {"--out": "OUT", "--logs": "OUT/logs", "--upstream-path": "UNPATCHED"}
-    for i, a in enumerate(argv):
-        out.append(names[argv[i - 1]] if i and argv[i - 1] in names else a)
-    return " ".join(shlex.quote(x) for x in out)
+from serving import (eagle3_args, http, load, machine, portable_command, quartiles, rotations,  # noqa: E402
+                     start_all, stop_all, tok_s)
 
 
 def summarize(name, ratios):
@@ -160,7 +152,7 @@ def main():
                 res.update(summarize("_off_vs_upstream", up))
                 res["median_ratio_off_vs_upstream_ci95"] = [round(x, 4) for x in median_ci(up)]
             res.update({"rounds": len(ratios), "new_tokens": a.new_tokens,
-                        "command": "python bench/overhead.py " + _portable_args(sys.argv[1:]),
+                        "command": portable_command("bench/overhead.py", sys.argv[1:]),
                         "machine": machine(), "date": datetime.date.today().isoformat()})
             if "check" in servers:
                 res["independent_check"] = independent_check(servers["check"], c, a.new_tokens)

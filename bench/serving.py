@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shlex
 import signal
 import statistics
 import subprocess
@@ -189,3 +190,11 @@ def rotations(names, rounds):
     for r in range(rounds):
         k = r % len(names)
         yield r, names[k:] + names[:k]
+
+
+def portable_command(script, argv):
+    """The command line as recorded: the run's own folders named, not spelled out."""
+    out, names = [], {"--out": "OUT", "--logs": "OUT/logs", "--upstream-path": "UNPATCHED"}
+    for i, a in enumerate(argv):
+        out.append(names[argv[i - 1]] if i and argv[i - 1] in names else a)
+    return " ".join(["python", script, *(shlex.quote(x) for x in out)])

@@ -29,6 +29,7 @@ def test_advisor_check_judges_the_pick_and_each_prediction(tmp_path):
               "--concurrency", "1", "4", "--rounds", "3", "--new-tokens", "160")
     result = json.loads((tmp_path / "advisor-0.5.12-acc2.5.json").read_text())
     assert result["profiled_steps"] == 3 and result["simulated_accept_length"] == 2.5
+    assert "--out OUT --logs OUT/logs" in result["command"] and str(tmp_path) not in result["command"]
     for c in ("1", "4"):
         v = result["concurrency"][c]
         # acceptance 2.5: a third step adds cost and no tokens, a second adds half a token
