@@ -53,12 +53,15 @@ class Inputs:
     growth: Growth | None = None  # None: bounded, flat to proportional
     notes: list[str] = field(default_factory=list)
 
+    def proportional(self) -> float:
+        """g if verify grew in proportion to the tokens it verifies."""
+        tokens = self.batch * (self.steps + 1)
+        return self.phases.get(VERIFY, 0.0) / tokens if tokens > 0 else 0.0
+
     def verify_growth(self) -> Growth:
         if self.growth is not None:
             return self.growth
-        tokens = self.batch * (self.steps + 1)
-        prop = self.phases.get(VERIFY, 0.0) / tokens if tokens > 0 else 0.0
-        return Growth(0.0, 0.0, prop, "bounded (flat to proportional)")
+        return Growth(0.0, 0.0, self.proportional(), "bounded (flat to proportional)")
 
 
 def expected_tokens(a: list[float], k: int) -> float:
@@ -143,8 +146,7 @@ def inputs_from_bucket(bucket: dict, steps: int, growth: Growth | None = None) -
                  per_position=acc["per_position"], growth=growth, notes=notes)
     if growth is not None and growth.how != "measured":
         # an upper bound from batch sizes narrows the proportional one, never widens it
-        flat_prop = Inputs.verify_growth(Inputs(**{**inp.__dict__, "growth": None}))
-        inp.growth = Growth(0.0, 0.0, min(growth.high, flat_prop.high), growth.how)
+        inp.growth = Growth(0.0, 0.0, min(growth.high, inp.proportional()), growth.how)
     return inp
 
 
