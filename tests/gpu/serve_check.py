@@ -13,34 +13,12 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
 from gpu_models import SHAPES, write_models  # noqa: E402
-
-def get(url, data=None, timeout=600):
-    req = urllib.request.Request(url, data=None if data is None else json.dumps(data).encode(),
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=timeout) as r:
-        return json.loads(r.read())
-
-
-def load(port, concurrency, new_tokens):
-    results = []
-
-    def one(i):
-        ids = [100 + (i * 7 + j) % 1000 for j in range(64)]
-        out = get(f"http://127.0.0.1:{port}/generate", {"input_ids": ids, "sampling_params": {
-            "max_new_tokens": new_tokens, "temperature": 0, "ignore_eos": True}})
-        results.append(len(out["output_ids"]))
-
-    t = time.perf_counter()
-    th = [threading.Thread(target=one, args=(i,)) for i in range(concurrency)]
-    [x.start() for x in th]
-    [x.join() for x in th]
-    return sum(results), time.perf_counter() - t
+from serving import LAUNCH, http, load  # noqa: E402
 
 
 def main():
@@ -60,7 +38,7 @@ def main():
     prof = os.path.join(a.out, "profile.jsonl")
     if os.path.exists(prof):
         os.remove(prof)
-    cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", target, "--load-format", "dummy",
+    cmd = [sys.executable, "-m", LAUNCH, "--model-path", target, "--load-format", "dummy",
            "--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", draft,
            "--speculative-draft-load-format", "dummy", "--speculative-num-steps", str(a.steps),
            "--speculative-eagle-topk", str(a.topk), "--speculative-num-draft-tokens", str(a.draft_tokens),
@@ -70,7 +48,7 @@ def main():
            "--speculative-profile-output", prof, "--speculative-profile-interval", "100", *a.extra.split()]
     env = dict(os.environ, SGLANG_SIMULATE_ACC_LEN=os.environ.get("SGLANG_SIMULATE_ACC_LEN", "3.0"))
     # The flag with a non-EAGLE algorithm: one sentence, exit status 2, before any GPU work.
-    bad = subprocess.run([sys.executable, "-m", "sglang.launch_server", "--model-path", target, "--load-format",
+    bad = subprocess.run([sys.executable, "-m", LAUNCH, "--model-path", target, "--load-format",
                           "dummy", "--speculative-profile", "--speculative-algorithm", "NGRAM"],
                          capture_output=True, text=True, env=env, timeout=300)
     rejected = {"returncode": bad.returncode, "last_line": (bad.stderr.strip().splitlines() or [""])[-1]}
@@ -83,8 +61,7 @@ def main():
             if srv.poll() is not None:
                 raise SystemExit(f"server exited with {srv.returncode}; see server.log")
             try:
-                get(f"http://127.0.0.1:{a.port}/health_generate", timeout=5) if False else urllib.request.urlopen(
-                    f"http://127.0.0.1:{a.port}/health", timeout=5)
+                urllib.request.urlopen(f"http://127.0.0.1:{a.port}/health", timeout=5)
                 break
             except Exception:
                 time.sleep(2)
@@ -98,12 +75,11 @@ def main():
             check["runs"].append({"concurrency": c, "tokens": tokens, "seconds": round(secs, 3),
                                   "client_tok_s": round(tokens / secs, 1), "start": start, "end": end})
         if "--enable-metrics" in a.extra:
-            with urllib.request.urlopen(f"http://127.0.0.1:{a.port}/metrics", timeout=30) as r:
-                metrics = [l for l in r.read().decode().splitlines() if "specprof" in l and not l.startswith("#")]
+            metrics = [l for l in http(a.port, "/metrics").splitlines() if "specprof" in l and not l.startswith("#")]
             with open(os.path.join(a.out, "metrics.txt"), "w") as f:
                 f.write("\n".join(metrics) + "\n")
             check["metrics_lines"] = len(metrics)
-        info = get(f"http://127.0.0.1:{a.port}/server_info")
+        info = http(a.port, "/server_info")
         states = info.get("internal_states", [{}])
         with open(os.path.join(a.out, "server_info_profile.json"), "w") as f:
             json.dump([s.get("speculative_profile") for s in states], f, indent=1)
