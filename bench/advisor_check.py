@@ -35,8 +35,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpu_models import write_models  # noqa: E402
-from serving import (eagle3_args, load, machine, portable_command, quartiles, rotations,  # noqa: E402
-                     start_all, stop_all, tok_s)
+from serving import (eagle3_args, interleaved_runs, machine, portable_command, quartiles,  # noqa: E402
+                     start_all, stop_all)
 
 TOLERANCE = 0.10
 
@@ -169,20 +169,10 @@ def main():
     try:
         print(f"{len(servers)} servers ready in {result['startup_s']} s", flush=True)
         for ci, c in enumerate(a.concurrency):
-            t_c = time.time()
-            budget = (t0 + a.max_seconds - t_c) / (len(a.concurrency) - ci) if a.max_seconds else None
-            for s in servers.values():
-                load(s.port, c, 64)  # this batch size's first use compiles kernels
-            runs[c] = {k: [] for k in a.steps}
-            for r, order in rotations(a.steps, a.rounds):
-                # the next round would end past the budget: stop (two rounds at least)
-                if budget and r >= 2 and time.time() - t_c + (time.time() - t_c) / r > budget:
-                    print(f"c={c}: stopping after {r} rounds (--max-seconds)", flush=True)
-                    break
-                for k in order:
-                    runs[c][k].append(tok_s(by_steps[k].port, c, a.new_tokens))
-                print(f"c={c} round {r}: " + "  ".join(f"steps {k} {runs[c][k][-1]:.1f}" for k in a.steps),
-                      flush=True)
+            budget = (t0 + a.max_seconds - time.time()) / (len(a.concurrency) - ci) if a.max_seconds else None
+            by_label = interleaved_runs({f"steps {k}": by_steps[k].port for k in a.steps}, c, a.new_tokens,
+                                        a.rounds, budget)
+            runs[c] = {k: by_label[f"steps {k}"] for k in a.steps}
     finally:
         stop_all(servers)  # the profiles' last lines are complete once the servers are gone
     judge(result, runs, profiles[a.profile_steps])

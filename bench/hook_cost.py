@@ -75,17 +75,15 @@ def main():
     logging.basicConfig(level=logging.INFO, handlers=[logging.NullHandler()])
     config = {"algorithm": "EAGLE3", "num_steps": 3, "topk": 1, "draft_tokens": 4}
     if a.cpu:
-        import contextlib
         import platform
 
-        backend, sync, ctx, device = CpuBackend(), (lambda: None), contextlib.nullcontext(), platform.processor()
+        backend, sync, device = CpuBackend(), (lambda: None), platform.processor()
     else:
         import torch
 
         from sglang.specprof.cuda_backend import CudaBackend
 
-        ctx = torch.cuda.stream(torch.cuda.Stream())
-        ctx.__enter__()
+        torch.cuda.set_stream(torch.cuda.Stream())  # a stream of its own, as the scheduler's forward stream
         backend, sync, device = CudaBackend(), torch.cuda.synchronize, torch.cuda.get_device_name()
     on = Profiler(backend, interval=100, config=config)
     off = NullProfiler()

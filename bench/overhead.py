@@ -35,8 +35,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpu_models import write_models  # noqa: E402
-from serving import (eagle3_args, http, load, machine, portable_command, quartiles, rotations,  # noqa: E402
-                     start_all, stop_all, tok_s)
+from serving import (eagle3_args, http, interleaved_runs, load, machine, portable_command,  # noqa: E402
+                     quartiles, start_all, stop_all)
 
 
 def summarize(name, ratios):
@@ -128,19 +128,8 @@ def main():
               f"({', '.join(f'{n} {s.ready_s} s' for n, s in servers.items())})", flush=True)
         compared = [n for n in ("off", "on", "upstream") if n in servers]
         for ci, c in enumerate(a.concurrency):
-            t_c = time.time()
-            budget = (t0 + a.max_seconds - t_c) / (len(a.concurrency) - ci) if a.max_seconds else None
-            for n in compared:
-                load(servers[n].port, c, 64)  # compile this batch size's shapes on every server
-            runs = {n: [] for n in compared}
-            for r, order in rotations(compared, a.rounds):
-                # the next round would end past the budget: stop (two rounds at least)
-                if budget and r >= 2 and time.time() - t_c + (time.time() - t_c) / r > budget:
-                    print(f"c={c}: stopping after {r} rounds (--max-seconds)", flush=True)
-                    break
-                for n in order:
-                    runs[n].append(tok_s(servers[n].port, c, a.new_tokens))
-                print(f"c={c} round {r}: " + "  ".join(f"{n} {runs[n][-1]:.1f}" for n in compared), flush=True)
+            budget = (t0 + a.max_seconds - time.time()) / (len(a.concurrency) - ci) if a.max_seconds else None
+            runs = interleaved_runs({n: servers[n].port for n in compared}, c, a.new_tokens, a.rounds, budget)
             ratios = [on / off for on, off in zip(runs["on"], runs["off"])]
             res = {"benchmark": "overhead", "sglang": a.sglang, "concurrency": c,
                    "tok_s_off": [round(x, 2) for x in runs["off"]], "tok_s_on": [round(x, 2) for x in runs["on"]]}

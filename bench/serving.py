@@ -192,6 +192,26 @@ def rotations(names, rounds):
         yield r, names[k:] + names[:k]
 
 
+def interleaved_runs(ports, concurrency, new_tokens, rounds, budget=None):
+    """Tokens/s of each server ({label: port}) over `rounds` rotating rounds of the same load.
+
+    Each server first gets a short run (its first use of this batch size compiles kernels).
+    With `budget` (seconds), no round starts that would end past it; two rounds at least."""
+    t0 = time.time()
+    for port in ports.values():
+        load(port, concurrency, 64)
+    runs = {n: [] for n in ports}
+    for r, order in rotations(ports, rounds):
+        elapsed = time.time() - t0
+        if budget and r >= 2 and elapsed * (r + 1) / r > budget:
+            print(f"c={concurrency}: stopping after {r} rounds (--max-seconds)", flush=True)
+            break
+        for n in order:
+            runs[n].append(tok_s(ports[n], concurrency, new_tokens))
+        print(f"c={concurrency} round {r}: " + "  ".join(f"{n} {runs[n][-1]:.1f}" for n in ports), flush=True)
+    return runs
+
+
 def portable_command(script, argv):
     """The command line as recorded: the run's own folders named, not spelled out."""
     out, names = [], {"--out": "OUT", "--logs": "OUT/logs", "--upstream-path": "UNPATCHED"}

@@ -200,7 +200,7 @@ def fit_verify(points: list, steps: int) -> Growth | None:
             (_, g, _), (_, se, _) = fit
             if math.isfinite(se):
                 lo, hi = max(g - 2 * se, 0.0), max(g + 2 * se, 0.0)
-                return Growth(min(max(g, 0.0), hi), lo, hi, "measured")
+                return Growth(max(g, 0.0), lo, hi, "measured")
     fit = _wls([[1.0, t] for t, _, _, _ in pts], ys, ws)
     if fit is None:
         return None

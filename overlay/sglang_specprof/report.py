@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import urllib.request
 
-from . import advisor, schema
+from . import advisor, schema, window
 from .table import format_summary
 
 
@@ -105,10 +105,7 @@ def merge_buckets(windows: list[dict]) -> dict:
                 hist[i] += c
         verified = sum(hist)
         committed = sum(b["accept"]["committed_tokens"] for b in bs)
-        # reached[p]: requests whose first p drafts were all accepted (accept length >= p + 1)
         positions = max([len(hist) - 1] + [len(b["accept"]["per_position"]) for b in bs])
-        reached = [sum(hist[p + 1:]) for p in range(positions + 1)]
-        per_position = [_r(reached[p] / reached[p - 1]) if reached[p - 1] else None for p in range(1, len(reached))]
         busy = sum(b["accept"]["committed_tokens"] / b["tokens_per_s"] for b in bs if b.get("tokens_per_s"))
         counted = sum(b["accept"]["committed_tokens"] for b in bs if b.get("tokens_per_s"))
         wall = _merge_stats([b["cycle_wall_ms"] for b in bs])
@@ -132,7 +129,8 @@ def merge_buckets(windows: list[dict]) -> dict:
                 "padding_mean": _r(_wmean([(b["graph"]["padding_mean"], b["cycles"]) for b in bs])),
             },
             "accept": {"verified_requests": verified, "mean_length": _r(committed / verified) if verified else None,
-                       "histogram": hist, "per_position": per_position, "committed_tokens": committed,
+                       "histogram": hist, "per_position": window.per_position(hist, positions),
+                       "committed_tokens": committed,
                        "tokens_per_cycle": _r(committed / accept_cycles) if accept_cycles else None},
             "tokens_per_s": _r(counted / busy) if busy else None,
         }

@@ -86,6 +86,14 @@ def _r(x: float) -> float | None:
     return None if x != x else round(x, 4)
 
 
+def per_position(hist: list[int], positions: int) -> list[float | None]:
+    """a_p = P(draft p correct | drafts 1..p-1 correct), p = 1..positions, from the histogram
+    of accept lengths: reached(p), the requests whose first p drafts were all correct, is the
+    count of accept lengths >= p + 1."""
+    reached = [sum(hist[p + 1:]) for p in range(positions + 1)]
+    return [_r(reached[p] / reached[p - 1]) if reached[p - 1] else None for p in range(1, positions + 1)]
+
+
 class Bucket:
     def __init__(self):
         self.cycles = 0
@@ -160,15 +168,7 @@ class Bucket:
             g = self.gpu[name]
             phases[name] = {"gpu_ms": g.stats(), "host_ms": self.host[name].stats(),
                             "share": _r(g.mean / mean_cycle) if mean_cycle == mean_cycle and mean_cycle > 0 else None}
-        # reached[p]: requests whose first p drafts were all correct (accept length >= p + 1)
-        hist = self.accept_hist
-        reached = [sum(hist[p + 1:]) for p in range(max(len(hist) - 1, 0))]
-        positions = max(len(reached) - 1, num_steps or 0)
-        per_position = []  # a_p: P(draft p correct | drafts 1..p-1 correct)
-        for p in range(1, positions + 1):
-            prev = reached[p - 1] if p - 1 < len(reached) else 0
-            cur = reached[p] if p < len(reached) else 0
-            per_position.append(_r(cur / prev) if prev else None)
+        positions = max(len(self.accept_hist) - 2, num_steps or 0)
         n = self.verified_reqs
         mean_len = self.committed / n if n else float("nan")
         period = self.period.mean
@@ -192,7 +192,7 @@ class Bucket:
                 "verified_requests": n,
                 "mean_length": _r(mean_len),
                 "histogram": list(self.accept_hist),
-                "per_position": per_position,
+                "per_position": per_position(self.accept_hist, positions),
                 "committed_tokens": self.committed,
                 "tokens_per_cycle": _r(self.committed / self.accept_cycles) if self.accept_cycles else None,
             },
