@@ -21,7 +21,7 @@ def test_gpu_profile_reads_and_adds_up(path):
     for b in steady:
         phases = b["phases"]
         assert sum(p["gpu_ms"]["mean"] for p in phases.values()) == pytest.approx(b["cycle_gpu_ms"]["mean"], rel=1e-3)
-        assert b["accounted"] >= 0.97
+        assert b["between_cycles_gpu_ms"]["mean"] < 0.05 * b["cycle_wall_ms"]["mean"]  # the phases hold the GPU
         assert b["accept"]["mean_length"] == 3.0 and b["accept"]["per_position"] == [1.0, 1.0, 0.0]
         assert len(b["draft_steps_gpu_ms"]) == 3
         assert b["graph"]["replays"] == {"draft": 100, "verify": 100, "draft_extend": 100}

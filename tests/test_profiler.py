@@ -58,7 +58,8 @@ def test_phases_add_up_to_the_cycle(fake):
     assert sum(ph["share"] for ph in bucket["phases"].values()) == pytest.approx(1.0, abs=1e-3)
     assert bucket["between_cycles_gpu_ms"]["mean"] == pytest.approx(0.4)
     assert bucket["cycle_wall_ms"]["mean"] == pytest.approx(9.0)
-    assert bucket["accounted"] == pytest.approx(1.0)
+    assert bucket["cycle_period_gpu_ms"]["mean"] == pytest.approx(9.0)
+    assert bucket["between_cycles_share"] == pytest.approx(0.4 / 9.0, abs=1e-4)
     assert [st["mean"] for st in bucket["draft_steps_gpu_ms"]] == pytest.approx([0.2, 0.2, 0.2])
 
 
@@ -82,11 +83,13 @@ def test_host_time_is_measured_apart_from_gpu_time(fake):
     bucket = out[0]["buckets"]["1"]
     assert bucket["phases"]["verify"]["gpu_ms"]["mean"] == pytest.approx(6.0)
     assert bucket["phases"]["verify"]["host_ms"]["mean"] == pytest.approx(3.0)
-    # the cycle period is measured on the host: half the GPU span here, so the accounting says so
-    assert bucket["accounted"] == pytest.approx(2.0)
+    # the host period is half the GPU's here; tokens/s follows the GPU's
+    assert bucket["cycle_wall_ms"]["mean"] == pytest.approx(4.5)
+    assert bucket["cycle_period_gpu_ms"]["mean"] == pytest.approx(9.0)
+    assert bucket["tokens_per_s"] == pytest.approx(3 / 0.009, rel=1e-4)
 
 
-def test_accounting_shows_missing_time(fake):
+def test_time_between_cycles_is_reported_as_unattributed(fake):
     p, b, out = fake
     for _ in range(11):
         p.begin("decode", 1)
@@ -98,7 +101,9 @@ def test_accounting_shows_missing_time(fake):
         p.harvest([1])
     bucket = out[0]["buckets"]["1"]
     assert bucket["cycle_wall_ms"]["mean"] == pytest.approx(5.0)
-    assert bucket["accounted"] == pytest.approx(3.0 / 5.0)
+    # the GPU: 2 ms of the phase and 1 ms between cycles, which no phase holds
+    assert bucket["cycle_period_gpu_ms"]["mean"] == pytest.approx(3.0)
+    assert bucket["between_cycles_share"] == pytest.approx(1.0 / 3.0, abs=1e-4)
 
 
 def test_window_closes_every_interval_decode_cycles_only(fake):
@@ -355,7 +360,7 @@ def test_jsonl_lines_follow_the_schema(fake, tmp_path):
     windows, notes = schema.read(str(path))
     assert len(windows) == 3 and notes == []
     assert windows == json.loads(json.dumps(out))
-    assert all(w["schema"] == "sglang-specprof/1" for w in windows)
+    assert all(w["schema"] == "sglang-specprof/2" for w in windows)
 
 
 def test_torn_last_line_is_reported_and_skipped(fake, tmp_path):
@@ -375,7 +380,7 @@ def test_torn_last_line_is_reported_and_skipped(fake, tmp_path):
 def test_foreign_json_is_named_by_line(tmp_path):
     path = tmp_path / "other.jsonl"
     path.write_text('{"schema": "sglang-specprof/1"}\n{"hello": 1}\n')
-    with pytest.raises(schema.ProfileError, match=r"line 1 is not a sglang-specprof/1 window: missing window"):
+    with pytest.raises(schema.ProfileError, match=r"line 1 is not a sglang-specprof/2 window: missing window"):
         schema.read(str(path))
     path.write_text('{"hello": 1}\n')
     with pytest.raises(schema.ProfileError, match=r"line 1 .*schema is None"):
@@ -465,3 +470,143 @@ def test_context_length_of_each_cycle_is_kept_and_a_tensor_is_never_read(fake):
         p.harvest([2, 2])
     ctx = out[0]["buckets"]["2"]["context_tokens"]
     assert ctx["n"] == 10 and ctx["mean"] == pytest.approx(1450.0)  # the device tensor is not counted
+
+
+class Req:
+    """What the commit hooks read of a request: its output ids, where it stops, its state."""
+
+    def __init__(self, max_new, out=1, stop_at=None):
+        self.output_ids = [0] * out  # the prefill's token
+        self.finished_len = None
+        self.finished_reason = None
+        self.is_retracted = False
+        self.max_new = max_new
+        self.stop_at = stop_at  # output length at which a stop token comes
+
+    def finished(self):
+        return self.finished_reason is not None
+
+    def take(self, n):
+        """What the scheduler's loop does with a verified run of n tokens."""
+        self.output_ids.extend([0] * n)
+        if len(self.output_ids) >= self.max_new:
+            self.finished_reason, self.finished_len = "length", self.max_new
+        elif self.stop_at is not None and len(self.output_ids) >= self.stop_at:
+            self.finished_reason, self.finished_len = "stop", self.stop_at
+
+
+def v2_cycle(p, b, reqs, correct):
+    """A v2 decode cycle of `reqs` and its result: harvest, then the scheduler's commit."""
+    p.begin("decode", len(reqs))
+    b.advance(1.0)
+    p.mark("verify")
+    p.end()
+    p.harvest(correct)
+    p.commit_begin(reqs)
+    for r, c in zip(reqs, correct):
+        if not (r.finished() or r.is_retracted):  # upstream skips these under overlap
+            r.take(c + 1)
+    p.commit_end()
+
+
+def test_v2_commits_only_what_reaches_requests():
+    b = FakeBackend()
+    p = Profiler(b, interval=1000, config={"num_steps": 3, "worker": "v2"}, clock=b.clock, log_table=False)
+    reqs = [Req(24), Req(24), Req(24, stop_at=10), Req(24)]
+    for cycle in range(12):
+        if cycle == 3:
+            reqs[3].is_retracted = True  # retracted while its batch was in flight
+        v2_cycle(p, b, reqs, [3, 2, 3, 1])
+    # what the clients get: up to each stop; the first token is the prefill's
+    client = sum((r.finished_len or len(r.output_ids)) - 1 for r in reqs)
+    t = p.totals_now()
+    assert t["committed_tokens"] == client == 23 + 23 + 9 + 3 * 2
+    assert t["skipped_requests"] > 0 and t["cut_tokens"] > 0
+    acc = p.window.summary(3)["buckets"]["3-4"]["accept"]
+    assert acc["committed_tokens"] == client
+    assert sum(n * c for n, c in enumerate(acc["histogram"])) == client
+    # acceptance by position counts each live request's verify whole: a cut is not a rejection
+    assert acc["per_position"][0] == 1.0 and acc["drafts_histogram"][3] > 0
+
+
+def test_v2_without_its_commit_counts_whole_and_says_so():
+    b = FakeBackend()
+    p = Profiler(b, interval=1000, config={"num_steps": 3, "worker": "v2"}, clock=b.clock, log_table=False)
+    for _ in range(3):
+        p.begin("decode", 2)
+        b.advance(1.0)
+        p.mark("verify")
+        p.end()
+        p.harvest([2, 2])  # no commit hooks reached
+    assert p.totals_now()["committed_tokens"] == 12  # two lists of 2 x 3 tokens, counted when the next came
+    assert p.uncut_cycles == 2
+    assert "cycles counted without the scheduler's commit" in format_summary(
+        dict(p.window.summary(3), uncut_cycles=p.uncut_cycles, config={}))
+
+
+def test_v1_counts_at_harvest_and_ignores_the_commit():
+    b = FakeBackend()
+    p = Profiler(b, interval=1000, config={"num_steps": 3, "worker": "v1"}, clock=b.clock, log_table=False)
+    reqs = [Req(100)]
+    for _ in range(3):
+        v2_cycle(p, b, reqs, [2])
+    assert p.totals_now()["committed_tokens"] == 9 and p.uncut_cycles == 0
+
+
+@pytest.mark.parametrize("steps", [1, 6, 8, 20])
+def test_eager_draft_steps_never_crowd_out_phases(fake, steps):
+    p, b, out = fake
+    names = ["draft_prep", "draft", "tree", "verify_prep", "verify", "accept", "draft_extend_prep",
+             "draft_extend", "draft_extend_post"]
+    for _ in range(11):
+        run_cycle(p, b, phases=[(n, 1.0) for n in names], steps=[0.1] * steps)
+    bucket = out[0]["buckets"]["1"]
+    assert list(bucket["phases"]) == names
+    assert [s["mean"] for s in bucket["draft_steps_gpu_ms"]] == pytest.approx([0.1] * steps)
+    assert out[0]["marks_lost"] == 0
+
+
+def test_marks_past_a_cycles_room_are_counted(fake):
+    p, b, out = fake
+    p.begin("decode", 1)
+    for i in range(profiler_mod.MAX_MARKS + 5):
+        b.advance(0.01)
+        p.mark(f"m{i}")
+    p.end()
+    assert p.marks_lost == 6  # the first mark is the cycle's begin
+
+
+def test_gpu_period_leaves_out_what_the_host_waited_for(fake):
+    p, b, out = fake
+    for i in range(11):
+        run_cycle(p, b, harvest=False)
+        b.host += 0.030 if i == 5 else 0.0  # the scheduler waited 30 ms for a prefill's results
+        p.harvest([2])
+    bucket = out[0]["buckets"]["1"]
+    assert bucket["cycle_wall_ms"]["max"] == pytest.approx(39.0)
+    assert bucket["cycle_period_gpu_ms"]["max"] == pytest.approx(9.0)
+    assert out[0]["tokens_per_s"] == pytest.approx(3 / 0.009, rel=1e-4)
+
+
+def test_garbage_collector_pauses_inside_a_cycle_are_timed(fake):
+    import gc
+
+    p, b, out = fake
+    p.follow_gc()
+    try:
+        for i in range(11):
+            p.begin("decode", 1)
+            b.advance(1.0)
+            if i == 4:
+                p._on_gc("start", {})
+                b.host += 0.050  # the collector held the host 50 ms
+                p._on_gc("stop", {})
+            p.mark("verify")
+            p.end()
+            p.harvest([1])
+        assert p._gc_cb in gc.callbacks
+    finally:
+        p.close()
+    assert p._gc_cb is None
+    pauses = out[0]["buckets"]["1"]["host_pause_ms"]
+    assert pauses["n"] == 1 and pauses["max"] == pytest.approx(50.0)

@@ -141,8 +141,8 @@ def test_truncated_profile_is_reported_and_read(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("content, says", [
-    ('{"not": "a profile"}\n', "line 1 is not a sglang-specprof/1 window"),
-    ("[1, 2, 3]\n", "line 1 is not a sglang-specprof/1 window: not a JSON object"),
+    ('{"not": "a profile"}\n', "line 1 is not a sglang-specprof/2 window"),
+    ("[1, 2, 3]\n", "line 1 is not a sglang-specprof/2 window: not a JSON object"),
     ("", "holds no profile window"),
 ])
 def test_foreign_input_is_one_error_naming_the_line(tmp_path, capsys, content, says):

@@ -4,5 +4,3 @@ Plain Python: it imports neither torch nor SGLang, so profiles can be read, repo
 compared on any machine that has only this wheel (installed with --no-deps).
 The server side, which records the events, is sglang.specprof.
 """
-
-SCHEMA_VERSION = 1

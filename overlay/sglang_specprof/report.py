@@ -66,11 +66,23 @@ def _merge_stats(stats: list[dict]) -> dict:
     out["mean"] = _r(_wmean([(s["mean"], n) for s, n in pairs]))
     for q in ("p50", "p90", "p99"):
         out[q] = _r(_wmedian([(s[q], n) for s, n in pairs]))
+    highs = [s["max"] for s, n in pairs if n and s.get("max") is not None]
+    out["max"] = max(highs) if highs else None
     return out
 
 
 def _r(x):
     return None if x is None else round(x, 4)
+
+
+def _sum_lists(lists) -> list:
+    out = []
+    for xs in lists:
+        for i, c in enumerate(xs):
+            while len(out) <= i:
+                out.append(0)
+            out[i] += c
+    return out
 
 
 def merge_buckets(windows: list[dict]) -> dict:
@@ -97,19 +109,18 @@ def merge_buckets(windows: list[dict]) -> dict:
         nsteps = max((len(b["draft_steps_gpu_ms"]) for b in bs), default=0)
         steps = [_merge_stats([b["draft_steps_gpu_ms"][i] for b in bs if len(b["draft_steps_gpu_ms"]) > i])
                  for i in range(nsteps)]
-        hist = []
-        for b in bs:
-            for i, c in enumerate(b["accept"]["histogram"]):
-                while len(hist) <= i:
-                    hist.append(0)
-                hist[i] += c
+        hist = _sum_lists(b["accept"]["histogram"] for b in bs)
+        # correct drafts per request, uncut (schema 2); schema 1 had the accept lengths only
+        drafts = _sum_lists(b["accept"]["drafts_histogram"] if "drafts_histogram" in b["accept"]
+                            else b["accept"]["histogram"][1:] for b in bs)
         verified = sum(hist)
         committed = sum(b["accept"]["committed_tokens"] for b in bs)
-        positions = max([len(hist) - 1] + [len(b["accept"]["per_position"]) for b in bs])
+        positions = max([len(drafts) - 1] + [len(b["accept"]["per_position"]) for b in bs])
         busy = sum(b["accept"]["committed_tokens"] / b["tokens_per_s"] for b in bs if b.get("tokens_per_s"))
         counted = sum(b["accept"]["committed_tokens"] for b in bs if b.get("tokens_per_s"))
         wall = _merge_stats([b["cycle_wall_ms"] for b in bs])
         gap = _merge_stats([b["between_cycles_gpu_ms"] for b in bs])
+        gpu_period = _merge_stats([b["cycle_period_gpu_ms"] for b in bs if b.get("cycle_period_gpu_ms")])
         accept_cycles = sum(b["accept"]["committed_tokens"] / b["accept"]["tokens_per_cycle"]
                             for b in bs if b["accept"].get("tokens_per_cycle"))
         ctx = [b["context_tokens"] for b in bs if (b.get("context_tokens") or {}).get("n")]
@@ -121,16 +132,22 @@ def merge_buckets(windows: list[dict]) -> dict:
             "cycle_gpu_ms": cyc,
             "context_tokens": _merge_stats(ctx) if ctx else None,
             "between_cycles_gpu_ms": gap,
+            "cycle_period_gpu_ms": gpu_period,
             "cycle_wall_ms": wall,
-            "accounted": _r((cyc["mean"] + (gap["mean"] or 0)) / wall["mean"]) if wall["mean"] and cyc["mean"] else None,
+            "between_cycles_share": _r(gap["mean"] / gpu_period["mean"]) if gpu_period["mean"] and gap["mean"] is not None
+            else None,
             "graph": {
                 "replays": {g: sum(b["graph"]["replays"].get(g, 0) for b in bs) for g in ("draft", "verify", "draft_extend")},
                 "eager": {g: sum(b["graph"]["eager"].get(g, 0) for b in bs) for g in ("draft", "verify", "draft_extend")},
                 "padding_mean": _r(_wmean([(b["graph"]["padding_mean"], b["cycles"]) for b in bs])),
             },
             "accept": {"verified_requests": verified, "mean_length": _r(committed / verified) if verified else None,
-                       "histogram": hist, "per_position": window.per_position(hist, positions),
+                       "skipped_requests": sum(b["accept"].get("skipped_requests") or 0 for b in bs),
+                       "histogram": hist, "drafts_histogram": drafts,
+                       "per_position": window.per_position([0] + drafts, positions),
                        "committed_tokens": committed,
+                       "cut_requests": sum(b["accept"].get("cut_requests") or 0 for b in bs),
+                       "cut_tokens": sum(b["accept"].get("cut_tokens") or 0 for b in bs),
                        "tokens_per_cycle": _r(committed / accept_cycles) if accept_cycles else None},
             "tokens_per_s": _r(counted / busy) if busy else None,
         }
@@ -148,7 +165,9 @@ def summarize(windows: list[dict]) -> dict:
             "tokens_per_s": _r(committed / busy) if busy else None, "buckets": buckets,
             "verify_points": verify_points(windows),
             "dropped_cycles": max((w.get("dropped_cycles") or 0) for w in windows),
-            "steps_lost": max((w.get("steps_lost") or 0) for w in windows)}
+            "steps_lost": max((w.get("steps_lost") or 0) for w in windows),
+            "marks_lost": max((w.get("marks_lost") or 0) for w in windows),
+            "uncut_cycles": max((w.get("uncut_cycles") or 0) for w in windows)}
 
 
 def verify_points(windows: list[dict]) -> list[list]:

@@ -1,10 +1,10 @@
 """The profile JSONL: one summary window per line. Plain Python.
 
-Schema "sglang-specprof/1" (docs/profile-schema.md has every field):
+Schema "sglang-specprof/2" (docs/profile-schema.md has every field; version 1 still reads):
 
     schema, window, rank, time, config{...}, decode_cycles, seconds, wall_seconds,
     tokens_per_s, buckets{"<bs bucket>": bucket}, graphs{...}, dropped_cycles,
-    steps_lost, [ranks{...}]
+    steps_lost, marks_lost, uncut_cycles, totals{...}, [ranks{...}]
 
 A reader takes each line on its own; a line cut short by a killed process is reported
 with its number and skipped by `read(..., skip_torn=True)`.
@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import json
 
-SCHEMA = "sglang-specprof/1"
+SCHEMA = "sglang-specprof/2"
+READS = ("sglang-specprof/1", SCHEMA)  # what a reader takes: this version and the one before
 
 _TOP = {
     "schema": str, "window": int, "rank": int, "time": (int, float), "config": dict,
@@ -45,8 +46,8 @@ def problems(obj) -> list[str]:
     if not isinstance(obj, dict):
         return ["not a JSON object"]
     out = []
-    if obj.get("schema") != SCHEMA:
-        return [f"schema is {obj.get('schema')!r}, not {SCHEMA!r}"]
+    if obj.get("schema") not in READS:
+        return [f"schema is {obj.get('schema')!r}, not {' or '.join(map(repr, READS))}"]
     for key, t in _TOP.items():
         if key not in obj:
             out.append(f"missing {key}")

@@ -20,12 +20,20 @@ def format_summary(s: dict) -> str:
             continue
         acc = b["accept"]
         pos = " ".join(_f(a, 2) for a in acc["per_position"])
+        per = (b.get("cycle_period_gpu_ms") or {}).get("mean")
+        share = b.get("between_cycles_share")
         lines.append(
-            f"  bs {key}: {b['cycles']} cycles, cycle {_f(b['cycle_gpu_ms']['mean'])} ms GPU, "
-            f"wall {_f(b['cycle_wall_ms']['mean'])} ms, accounted {_f(b['accounted'], 3)}, "
+            f"  bs {key}: {b['cycles']} cycles, phases {_f(b['cycle_gpu_ms']['mean'])} ms GPU, "
+            f"period {_f(per)} ms GPU ({_f(None if share is None else 100 * share, 1)}% between cycles), "
+            f"host {_f(b['cycle_wall_ms']['mean'])} ms, "
             f"accept len {_f(acc['mean_length'], 2)} (by position {pos}), {_f(b['tokens_per_s'], 1)} tok/s"
         )
-        lines.append(f"    {'phase':<20}{'gpu ms':>9}{'p50':>9}{'p90':>9}{'p99':>9}{'host ms':>9}{'share':>8}")
+        skipped, cut = acc.get("skipped_requests") or 0, acc.get("cut_tokens") or 0
+        if skipped or cut:
+            lines.append(f"    not committed: {skipped} requests already finished or retracted when their tokens "
+                         f"came, {cut} tokens past a stop ({acc.get('cut_requests') or 0} requests)")
+        lines.append(f"    {'phase':<20}{'gpu ms':>9}{'p50':>9}{'p90':>9}{'p99':>9}{'host ms':>9}"
+                     f"{'share':>8}  (share: of the mean phases total)")
         for name, p in b["phases"].items():
             g, h = p["gpu_ms"], p["host_ms"]
             share = "-" if p["share"] is None else f"{100 * p['share']:.1f}%"
@@ -42,6 +50,12 @@ def format_summary(s: dict) -> str:
         advice = _advice_line(b, cfg)
         if advice:
             lines.append(advice)
+        rare = [n for n, p in b["phases"].items() if _above_p99(p["gpu_ms"])]
+        if rare:
+            parts = ", ".join(f"{n} (max {_f(b['phases'][n]['gpu_ms'].get('max'))} ms)" for n in rare)
+            lines.append(f"    mean above p99 in {parts}: fewer than 1 cycle in 100 took far longer, mostly "
+                         f"the device waiting on the host (a kernel compiled for a new shape, a pause); p50 is "
+                         f"the usual cost")
         slow = [n for n, p in b["phases"].items() if p["host_ms"]["mean"] is not None and p["gpu_ms"]["mean"]
                 is not None and p["host_ms"]["mean"] > p["gpu_ms"]["mean"] + 0.05]
         if slow:
@@ -52,9 +66,19 @@ def format_summary(s: dict) -> str:
             worst = sorted(phases.items(), key=lambda kv: -kv[1]["spread"])[:3]
             parts = ", ".join(f"{n} {_f(p['spread'])} ms (rank {p['slowest_rank']} slowest)" for n, p in worst)
             lines.append(f"  across ranks {ranks['ranks']} (window {ranks['window']}), bs {key}, max-min: {parts}")
-    if s.get("dropped_cycles") or s.get("steps_lost"):
-        lines.append(f"  dropped cycles {s.get('dropped_cycles')}, draft-step reads lost {s.get('steps_lost')}")
+    lost = [(s.get(k) or 0, what) for k, what in (
+        ("dropped_cycles", "cycles dropped (events never completed)"),
+        ("steps_lost", "draft-step reads lost (the graph replayed first)"),
+        ("marks_lost", "marks past a cycle's room"),
+        ("uncut_cycles", "cycles counted without the scheduler's commit (tokens not checked against stops)"))]
+    if any(n for n, _ in lost):
+        lines.append("  lost: " + ", ".join(f"{n} {what}" for n, what in lost if n))
     return "\n".join(lines)
+
+
+def _above_p99(st: dict) -> bool:
+    m, p99 = st.get("mean"), st.get("p99")
+    return m is not None and p99 is not None and m > p99
 
 
 def _advice_line(bucket: dict, cfg: dict) -> str | None:

@@ -30,6 +30,8 @@ class Cycle:
     host_start_s: float | None = None  # host clock at the cycle's first mark
     host_offsets_ms: list[float] = field(default_factory=list)  # each phase's host start, from the first mark
     context_tokens: int | None = None  # sum of the batch's sequence lengths at the cycle's start
+    period_gpu_ms: float | None = None  # GPU time from the previous cycle's start to this one's
+    host_pause_ms: float = 0.0  # host time the garbage collector stopped the process inside the cycle
 
 
 def bucket_of(bs: int) -> str:
@@ -54,17 +56,20 @@ def percentile(sorted_values: list[float], q: float) -> float:
 class Series:
     """Count, sum and a bounded reservoir of samples for percentiles."""
 
-    __slots__ = ("n", "total", "samples", "_rng")
+    __slots__ = ("n", "total", "max", "samples", "_rng")
 
     def __init__(self, seed: int = 0):
         self.n = 0
         self.total = 0.0
+        self.max = float("nan")
         self.samples: list[float] = []
         self._rng = random.Random(seed)
 
     def add(self, x: float) -> None:
         self.n += 1
         self.total += x
+        if not x <= self.max:
+            self.max = x
         if self.n <= SAMPLES_PER_SERIES:
             self.samples.append(x)
         else:
@@ -79,7 +84,7 @@ class Series:
     def stats(self) -> dict:
         s = sorted(self.samples)
         return {"mean": _r(self.mean), "p50": _r(percentile(s, 0.5)), "p90": _r(percentile(s, 0.9)),
-                "p99": _r(percentile(s, 0.99)), "n": self.n}
+                "p99": _r(percentile(s, 0.99)), "max": _r(self.max), "n": self.n}
 
 
 def _r(x: float) -> float | None:
@@ -106,13 +111,19 @@ class Bucket:
         self.cycle_gpu = Series()
         self.context = Series()
         self.period = Series()
+        self.period_gpu = Series()
+        self.pauses = Series()  # cycles the garbage collector paused, and for how long
         self.graph_replays = {"draft": 0, "verify": 0, "draft_extend": 0}
         self.padding = Series()
         self.prefill_gpu: dict[str, Series] = {}
         # acceptance
         self.verified_reqs = 0
-        self.accept_hist: list[int] = []
+        self.skipped_reqs = 0  # in the batch but finished or retracted: took none of the cycle's tokens
+        self.accept_hist: list[int] = []  # tokens each request took (index = accept length), cut at stops
+        self.drafts_hist: list[int] = []  # correct drafts each request's verify found (index = count), uncut
         self.committed = 0
+        self.cut_reqs = 0
+        self.cut_tokens = 0
         self.accept_cycles = 0
 
     def add_cycle(self, c: Cycle) -> None:
@@ -134,6 +145,8 @@ class Bucket:
             host[name].add(h)
             total += g
         self.cycle_gpu.add(total)
+        if c.host_pause_ms:
+            self.pauses.add(c.host_pause_ms)
         if c.context_tokens is not None:
             self.context.add(c.context_tokens)
         for i, s in enumerate(c.steps_gpu_ms):
@@ -143,6 +156,8 @@ class Bucket:
         if c.gap_gpu_ms is not None and c.period_host_ms is not None:
             self.gap.add(c.gap_gpu_ms)
             self.period.add(c.period_host_ms)
+            if c.period_gpu_ms is not None:
+                self.period_gpu.add(c.period_gpu_ms)
         if c.graph:
             for k in self.graph_replays:
                 if c.graph.get(k):
@@ -150,15 +165,25 @@ class Bucket:
             if c.graph.get("padded_bs"):
                 self.padding.add(c.graph["padded_bs"] - c.bs)
 
-    def add_accept(self, correct_per_req: list[int]) -> None:
+    def add_accept(self, correct_per_req: list[int], committed: list[int] | None = None, skipped: int = 0) -> None:
+        """`correct_per_req`: correct drafts of each request that took the cycle's tokens;
+        `committed`: the tokens each took (correct + 1, less where a stop cut the run)."""
         self.accept_cycles += 1
-        hist = self.accept_hist
-        for c in correct_per_req:
-            c = int(c) + 1 if c > 0 else 1  # accept length = correct drafts + the bonus token
-            if len(hist) <= c:
-                hist.extend([0] * (c + 1 - len(hist)))
-            hist[c] += 1
-            self.committed += c
+        self.skipped_reqs += skipped
+        hist, dh = self.accept_hist, self.drafts_hist
+        for i, c in enumerate(correct_per_req):
+            c = int(c) if c > 0 else 0
+            if len(dh) <= c:
+                dh.extend([0] * (c + 1 - len(dh)))
+            dh[c] += 1
+            n = c + 1 if committed is None else int(committed[i])  # the bonus token and the correct drafts
+            if n < c + 1:
+                self.cut_reqs += 1
+                self.cut_tokens += c + 1 - n
+            if len(hist) <= n:
+                hist.extend([0] * (n + 1 - len(hist)))
+            hist[n] += 1
+            self.committed += n
         self.verified_reqs += len(correct_per_req)
 
     def summary(self, num_steps: int | None) -> dict:
@@ -168,13 +193,10 @@ class Bucket:
             g = self.gpu[name]
             phases[name] = {"gpu_ms": g.stats(), "host_ms": self.host[name].stats(),
                             "share": _r(g.mean / mean_cycle) if mean_cycle == mean_cycle and mean_cycle > 0 else None}
-        positions = max(len(self.accept_hist) - 2, num_steps or 0)
+        positions = max(len(self.drafts_hist) - 1, num_steps or 0)
         n = self.verified_reqs
         mean_len = self.committed / n if n else float("nan")
-        period = self.period.mean
-        accounted = None
-        if self.period.n and period > 0:
-            accounted = _r((mean_cycle + self.gap.mean) / period)
+        gpu_period = self.period_gpu.mean
         return {
             "cycles": self.cycles,
             "prefill_cycles": self.prefill_cycles,
@@ -183,27 +205,35 @@ class Bucket:
             "cycle_gpu_ms": self.cycle_gpu.stats(),
             "context_tokens": self.context.stats(),
             "between_cycles_gpu_ms": self.gap.stats(),
+            "cycle_period_gpu_ms": self.period_gpu.stats(),
             "cycle_wall_ms": self.period.stats(),
-            "accounted": accounted,
+            "host_pause_ms": self.pauses.stats(),
+            "between_cycles_share": _r(self.gap.mean / gpu_period) if self.period_gpu.n and gpu_period > 0 else None,
             "prefill_phases_gpu_ms": {k: v.stats() for k, v in self.prefill_gpu.items()},
             "graph": {"replays": dict(self.graph_replays), "eager": {k: self.cycles - v for k, v in self.graph_replays.items()},
                       "padding_mean": _r(self.padding.mean)},
             "accept": {
                 "verified_requests": n,
+                "skipped_requests": self.skipped_reqs,
                 "mean_length": _r(mean_len),
                 "histogram": list(self.accept_hist),
-                "per_position": per_position(self.accept_hist, positions),
+                "drafts_histogram": list(self.drafts_hist),
+                "per_position": per_position([0] + self.drafts_hist, positions),
                 "committed_tokens": self.committed,
+                "cut_requests": self.cut_reqs,
+                "cut_tokens": self.cut_tokens,
                 "tokens_per_cycle": _r(self.committed / self.accept_cycles) if self.accept_cycles else None,
             },
             "tokens_per_s": _r(self.tokens_per_s()),
         }
 
     def busy_seconds(self) -> float:
-        """Host seconds this bucket's verified cycles took, at the mean measured cycle period."""
-        if not self.period.n or not self.accept_cycles:
+        """Seconds this bucket's verified cycles took, at their mean period on the GPU (the host's
+        where no GPU period was measured): idle time and prefills excluded."""
+        per = self.period_gpu if self.period_gpu.n else self.period
+        if not per.n or not self.accept_cycles:
             return 0.0
-        return self.accept_cycles * self.period.mean / 1000.0
+        return self.accept_cycles * per.mean / 1000.0
 
     def tokens_per_s(self) -> float:
         busy = self.busy_seconds()
@@ -220,6 +250,8 @@ class Window:
         self.first_host_s: float | None = None
         self.last_host_s: float | None = None
         self.samples: deque = deque(maxlen=CYCLE_SAMPLES)
+        self.slowest: Cycle | None = None  # the decode cycle with the longest phases, kept whole
+        self._slowest_ms = -1.0
 
     def bucket(self, bs: int) -> Bucket:
         key = bucket_of(bs)
@@ -234,14 +266,20 @@ class Window:
             self.decode_cycles += 1
             if c.host_start_s is not None and len(c.host_offsets_ms) == len(c.phases):
                 self.samples.append(c)
+                total = sum(g for _, g, _ in c.phases)
+                if total > self._slowest_ms:
+                    self._slowest_ms, self.slowest = total, c
         if c.host_start_s is not None and self.first_host_s is None:
             self.first_host_s = c.host_start_s
         if end_host_s is not None:
             self.last_host_s = end_host_s
 
-    def add_accept(self, correct_per_req: list[int]) -> None:
-        if correct_per_req:
-            self.bucket(len(correct_per_req)).add_accept(correct_per_req)
+    def add_accept(self, correct_per_req: list[int], committed: list[int] | None = None, skipped: int = 0) -> None:
+        """One cycle's acceptance, in the bucket of its batch size (the requests that took its
+        tokens and the `skipped` ones that were in the batch but took none)."""
+        bs = len(correct_per_req) + skipped
+        if bs:
+            self.bucket(bs).add_accept(correct_per_req, committed, skipped)
 
     @property
     def host_seconds(self) -> float:
@@ -259,7 +297,8 @@ class Window:
                 "wall_seconds": _r(self.host_seconds),
                 "host_start_s": None if self.first_host_s is None else round(self.first_host_s, 6),
                 "tokens_per_s": _r(committed / busy) if busy > 0 else None, "buckets": buckets,
-                "samples": [self._sample(c) for c in self.samples]}
+                "samples": [self._sample(c) for c in self.samples],
+                "slowest": None if self.slowest is None or self.first_host_s is None else self._sample(self.slowest)}
 
     def _sample(self, c: Cycle) -> dict:
         """One whole cycle: each phase's GPU start and time (from the cycle's first event) and
@@ -270,4 +309,4 @@ class Window:
             gpu_at += g
         t = (c.host_start_s - self.first_host_s) * 1000.0 if self.first_host_s is not None else 0.0
         return {"t_ms": _r(t), "bs": c.bs, "phases": rows, "steps_gpu_ms": [_r(x) for x in c.steps_gpu_ms],
-                "gap_ms": None if c.gap_gpu_ms is None else _r(c.gap_gpu_ms)}
+                "gap_ms": None if c.gap_gpu_ms is None else _r(c.gap_gpu_ms), "host_pause_ms": _r(c.host_pause_ms)}

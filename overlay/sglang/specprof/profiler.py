@@ -16,16 +16,20 @@ the tests); this module imports neither torch nor SGLang.
 
 from __future__ import annotations
 
+import gc
 import logging
 import time
 from collections import deque
 
+from sglang_specprof.schema import SCHEMA
 from sglang_specprof.window import Cycle, Window
 
 logger = logging.getLogger("sglang.specprof")
 
-MAX_MARKS = 16
+MAX_MARKS = 64  # phase marks a cycle may hold (a cycle records about 12); beyond, counted as lost
+MAX_STEP_MARKS = 64  # eager draft-step marks a cycle may hold (steps + 1), apart from the phase marks
 POOL = 64  # cycles in flight at most; beyond that the oldest is dropped and counted
+FIRST_MARKS = 16  # events made per slot up front; more are made the first time a cycle needs them
 
 
 def _context(ctx):
@@ -38,18 +42,26 @@ def _context(ctx):
     return None
 
 
+def _visible(req) -> int:
+    """Output tokens of a request that reach its client: up to the stop, as upstream sends them."""
+    n = req.finished_len
+    return len(req.output_ids) if n is None else n
+
+
 class _Slot:
-    __slots__ = ("events", "host", "names", "n", "kind", "bs", "ctx", "graph", "steps_key", "steps_replay",
-                 "steps_ms", "seq")
+    __slots__ = ("events", "host", "names", "n", "step_events", "ns", "kind", "bs", "ctx", "graph", "steps_key",
+                 "steps_replay", "steps_ms", "seq", "gc_ms")
 
     def __init__(self, backend):
-        self.events = [backend.new_event() for _ in range(MAX_MARKS)]
-        self.host = [0.0] * MAX_MARKS
-        self.names: list = [None] * MAX_MARKS
+        self.events = [backend.new_event() for _ in range(FIRST_MARKS)]
+        self.host = [0.0] * FIRST_MARKS
+        self.names: list = [None] * FIRST_MARKS
+        self.step_events: list = []
         self.reset()
 
     def reset(self):
         self.n = 0
+        self.ns = 0
         self.kind = "decode"
         self.bs = 0
         self.ctx = None
@@ -58,6 +70,7 @@ class _Slot:
         self.steps_replay = -1
         self.steps_ms = None
         self.seq = -1
+        self.gc_ms = 0.0
 
 
 class NullProfiler:
@@ -95,6 +108,12 @@ class NullProfiler:
     def harvest(self, correct_per_req=None):
         pass
 
+    def commit_begin(self, reqs):
+        pass
+
+    def commit_end(self):
+        pass
+
     def capture_time(self, which, bs, seconds):
         pass
 
@@ -128,16 +147,53 @@ class Profiler(NullProfiler):
         self.windows_done = 0
         self.dropped = 0
         self.steps_lost = 0
+        self.marks_lost = 0  # phase or step marks past a cycle's room (never expected; counted, shown)
+        # v2: acceptance is settled against the requests where the scheduler commits it
+        self.settle_on_commit = self.config.get("worker") == "v2"
+        self.unsettled: deque = deque()  # correct-draft lists harvested, waiting for their commit
+        self.open_commit = None  # (reqs, correct, visible before) between commit_begin and commit_end
+        self.uncut_cycles = 0  # v2 cycles counted without their commit (a hook not reached): counted as verified
         self.step_events: dict = {}  # graph key -> [external events recorded during capture]
         self.capturing_key = None
         self.replays: dict = {}  # graph key -> replay count
         self.eager = {"draft": 0, "verify": 0, "draft_extend": 0}
         self.capture_s: dict = {}
-        self.accept_queue: deque = deque(maxlen=POOL)
         self._latest = None
         # Since start: decode cycles and the GPU milliseconds of each phase, so that any two
         # reads of /server_info give the exact totals of the cycles between them.
-        self.totals = {"decode_cycles": 0, "prefill_cycles": 0, "phase_gpu_ms": {}, "committed_tokens": 0}
+        # Python's garbage collector stops the host; inside a cycle, the device may then wait
+        self._gc_t0 = None
+        self._gc_cb = None
+        self.totals = {"decode_cycles": 0, "prefill_cycles": 0, "phase_gpu_ms": {}, "committed_tokens": 0,
+                       "verified_requests": 0, "skipped_requests": 0, "cut_tokens": 0, "decode_gpu_ms": 0.0}
+
+    def follow_gc(self):
+        """Time the garbage collector's pauses of the host inside each cycle (the server's
+        profiler does; they are where the device can sit waiting on the host)."""
+        if self._gc_cb is None:
+            self._gc_cb = self._on_gc
+            gc.callbacks.append(self._gc_cb)
+
+    def _on_gc(self, phase, info):
+        try:
+            if phase == "start":
+                self._gc_t0 = self.clock()
+            elif self._gc_t0 is not None:
+                s = self.cur
+                if s is not None:
+                    s.gc_ms += (self.clock() - self._gc_t0) * 1000.0
+                self._gc_t0 = None
+        except Exception:
+            pass
+
+    def close(self):
+        """Stop following the garbage collector (the profiler is being replaced)."""
+        if self._gc_cb is not None:
+            try:
+                gc.callbacks.remove(self._gc_cb)
+            except ValueError:
+                pass
+            self._gc_cb = None
 
     # -- hot path -------------------------------------------------------------------
     def begin(self, kind, bs, ctx=None):
@@ -169,10 +225,9 @@ class Profiler(NullProfiler):
         if s is None:
             return
         try:
-            if s.n < MAX_MARKS:
-                if name == "draft" and s.names[s.n - 1] == "draft":
-                    name = "draft_outputs"  # the graph replay closed `draft`: what follows it until here
-                self._record(s, name)
+            if name == "draft" and s.names[s.n - 1] == "draft":
+                name = "draft_outputs"  # the graph replay closed `draft`: what follows it until here
+            self._record(s, name)
         except Exception as e:
             self._fail(e)
 
@@ -184,10 +239,29 @@ class Profiler(NullProfiler):
         self.pending.append(s)
 
     def _record(self, s, name):
-        self.backend.record(s.events[s.n])
-        s.host[s.n] = self.clock()
-        s.names[s.n] = name
-        s.n += 1
+        n = s.n
+        if n == len(s.events):
+            if n >= MAX_MARKS:
+                self.marks_lost += 1
+                return
+            s.events.append(self.backend.new_event())
+            s.host.append(0.0)
+            s.names.append(None)
+        self.backend.record(s.events[n])
+        s.host[n] = self.clock()
+        s.names[n] = name
+        s.n = n + 1
+
+    def _record_step(self, s):
+        """An eager draft-step boundary: its own events, apart from the phase marks."""
+        n = s.ns
+        if n == len(s.step_events):
+            if n >= MAX_STEP_MARKS:
+                self.marks_lost += 1
+                return
+            s.step_events.append(self.backend.new_event())
+        self.backend.record(s.step_events[n])
+        s.ns = n + 1
 
     def draft_step(self, i):
         """Inside draft_forward: under capture, an external event node; eager, a plain event."""
@@ -204,10 +278,12 @@ class Profiler(NullProfiler):
                 evs.append(ev)
             else:
                 s = self.cur
-                if s is None or s.n >= MAX_MARKS:
+                if s is None:
                     return
-                s.steps_key = "eager"  # step marks among the cycle's own, read with the phases
-                self._record(s, f"step{i}")
+                if i == 0:
+                    s.ns = 0  # a draft that ran again in the same cycle: its steps replace the first's
+                s.steps_key = "eager"
+                self._record_step(s)
         except Exception as e:
             self._fail(e)
 
@@ -255,7 +331,7 @@ class Profiler(NullProfiler):
         """
         try:
             s = self.cur
-            if s is not None and s.n < MAX_MARKS:
+            if s is not None:
                 self._record(s, "draft_inputs")
             if key not in self.step_events:
                 return
@@ -272,7 +348,7 @@ class Profiler(NullProfiler):
     def graph_replayed(self):
         """Just after a draft graph replay: closes `draft`, the replay alone."""
         s = self.cur
-        if s is None or s.n >= MAX_MARKS or s.names[s.n - 1] != "draft_inputs":
+        if s is None or s.names[s.n - 1] != "draft_inputs":
             return
         try:
             self._record(s, "draft")
@@ -284,16 +360,72 @@ class Profiler(NullProfiler):
 
     # -- reading, one iteration behind ------------------------------------------------
     def harvest(self, correct_per_req=None):
+        """Where the cycle's correct drafts per request reach the CPU.
+
+        v1 counts them here: its verify has already cut each request at its stop and skipped
+        finished ones. v2 hands every request of the batch, so its list waits for the
+        scheduler's commit (`commit_begin` / `commit_end`), which says what reached each
+        request; a list whose commit never came is counted whole when the next one arrives."""
         try:
             if correct_per_req is not None:
-                self.accept_queue.append(list(correct_per_req))
+                correct = list(correct_per_req)
+                if self.settle_on_commit:
+                    while self.unsettled:
+                        self.uncut_cycles += 1
+                        self._add_accept(self.unsettled.popleft())
+                    self.unsettled.append(correct)
+                else:
+                    self._add_accept(correct)
             self._read_completed()
-            while self.accept_queue:
-                correct = self.accept_queue.popleft()
-                self.totals["committed_tokens"] += sum(c + 1 for c in correct)
-                self.window.add_accept(correct)
             if self.window.decode_cycles >= self.interval:
                 self._close_window()
+        except Exception as e:
+            self._fail(e)
+
+    def _add_accept(self, correct, committed=None, skipped=0):
+        """`correct`: correct drafts of each request that took the cycle's tokens; `committed`:
+        the tokens each of them got (correct + 1 unless cut at a stop)."""
+        if committed is None:
+            committed = [c + 1 for c in correct]
+        t = self.totals
+        got = sum(committed)
+        t["committed_tokens"] += got
+        t["verified_requests"] += len(correct)
+        t["skipped_requests"] += skipped
+        t["cut_tokens"] += sum(correct) + len(correct) - got
+        self.window.add_accept(correct, committed, skipped)
+
+    def commit_begin(self, reqs):
+        """v2, in the scheduler, before it appends the cycle's tokens to each request: which
+        requests will take them (upstream skips finished and retracted ones) and what each
+        request's client has so far."""
+        try:
+            if not self.unsettled:
+                return
+            correct = self.unsettled.popleft()
+            if len(correct) != len(reqs):  # not this batch's list: count it whole, as before
+                self.uncut_cycles += 1
+                self._add_accept(correct)
+                return
+            before = [None if (r.finished() or r.is_retracted) else _visible(r) for r in reqs]
+            self.open_commit = (reqs, correct, before)
+        except Exception as e:
+            self._fail(e)
+
+    def commit_end(self):
+        """v2, after the scheduler committed the cycle's tokens and checked each stop."""
+        c = self.open_commit
+        if c is None:
+            return
+        self.open_commit = None
+        try:
+            reqs, correct, before = c
+            took, got = [], []
+            for r, k, b in zip(reqs, correct, before):
+                if b is not None:
+                    took.append(k)
+                    got.append(_visible(r) - b)
+            self._add_accept(took, got, len(reqs) - len(took))
         except Exception as e:
             self._fail(e)
 
@@ -324,43 +456,42 @@ class Profiler(NullProfiler):
         ev = s.events
         phases = []
         offsets = []  # host start of each phase, from the cycle's first mark
-        steps = []
-        boundary = 0  # index of the mark that opened the current phase
-        last_step = None
         names, host = s.names, s.host
         h0 = host[0]
         for i in range(1, s.n):
-            name = names[i]
-            if name[:4] == "step":
-                # eager draft steps: step k runs from its mark to the next step mark
-                if last_step is not None:
-                    steps.append(el(ev[last_step], ev[i]))
-                last_step = i
-                continue
-            last_step = None
-            hb = host[boundary]
-            phases.append((name, el(ev[boundary], ev[i]), (host[i] - hb) * 1000.0))
+            hb = host[i - 1]
+            phases.append((names[i], el(ev[i - 1], ev[i]), (host[i] - hb) * 1000.0))
             offsets.append((hb - h0) * 1000.0)
-            boundary = i
-        if s.steps_key not in (None, "eager"):
+        if s.steps_key == "eager":
+            se = s.step_events
+            steps = [el(se[i - 1], se[i]) for i in range(1, s.ns)]
+        elif s.steps_key is not None:
             if s.steps_ms is None and s.steps_replay == self.replays.get(s.steps_key, 0):
                 self._read_steps(s)
             steps = s.steps_ms or []
-        gap = period = None
+        else:
+            steps = []
+        gap = period = gpu_period = None
         p = self.prev_done
         # The period of a decode cycle runs from the start of the decode cycle just before it;
-        # after a prefill, or after the server sat idle, there is none to measure.
+        # after a prefill, or after the server sat idle, there is none to measure. On the GPU
+        # it is the previous cycle's work and the GPU time between the two; on the host it
+        # also holds whatever the scheduler waited for meanwhile (a prefill's results).
         if p is not None and p.seq == s.seq - 1 and p.kind == "decode":
             gap = el(p.events[p.n - 1], ev[0])
+            gpu_period = el(p.events[0], ev[0])
             period = (s.host[0] - p.host[0]) * 1000.0
         c = Cycle(kind=s.kind, bs=s.bs, context_tokens=s.ctx, phases=phases, steps_gpu_ms=steps, gap_gpu_ms=gap,
-                  period_host_ms=period, graph=s.graph, host_start_s=s.host[0], host_offsets_ms=offsets)
+                  period_host_ms=period, graph=s.graph, host_start_s=s.host[0], host_offsets_ms=offsets,
+                  period_gpu_ms=gpu_period, host_pause_ms=s.gc_ms)
         t = self.totals
         t[s.kind + "_cycles"] = t.get(s.kind + "_cycles", 0) + 1
         if s.kind == "decode":
             sums = t["phase_gpu_ms"]
             for name, g, _ in phases:
                 sums[name] = sums.get(name, 0.0) + g
+            if gpu_period is not None:
+                t["decode_gpu_ms"] += gpu_period
         self.window.add_cycle(c, s.host[s.n - 1])
         if p is not None:
             self._recycle(p)
@@ -381,7 +512,7 @@ class Profiler(NullProfiler):
     def _close_window(self):
         summary = self.window.summary(self.config.get("num_steps"))
         summary.update({
-            "schema": "sglang-specprof/1",
+            "schema": SCHEMA,
             "rank": self.rank,
             "time": round(time.time(), 3),
             "config": self.config,
@@ -389,6 +520,8 @@ class Profiler(NullProfiler):
                        "capture_s": self.capture_s},
             "dropped_cycles": self.dropped,
             "steps_lost": self.steps_lost,
+            "marks_lost": self.marks_lost,
+            "uncut_cycles": self.uncut_cycles,
             "totals": self.totals_now(),
         })
         self.windows_done += 1
@@ -420,7 +553,9 @@ class Profiler(NullProfiler):
     def totals_now(self) -> dict:
         t = self.totals
         return {"decode_cycles": t["decode_cycles"], "prefill_cycles": t["prefill_cycles"],
-                "committed_tokens": t["committed_tokens"],
+                "committed_tokens": t["committed_tokens"], "verified_requests": t["verified_requests"],
+                "skipped_requests": t["skipped_requests"], "cut_tokens": t["cut_tokens"],
+                "decode_gpu_ms": round(t["decode_gpu_ms"], 4),
                 "phase_gpu_ms": {k: round(v, 4) for k, v in t["phase_gpu_ms"].items()}}
 
     # -- failure ----------------------------------------------------------------------
@@ -439,4 +574,6 @@ def disable(reason: str) -> None:
     if not _state["warned"]:
         _state["warned"] = True
         logger.warning("speculative profile disabled after an internal error (%s); the server keeps serving.", reason)
-    hooks.P = NullProfiler()
+    old, hooks.P = hooks.P, NullProfiler()
+    if isinstance(old, Profiler):
+        old.close()

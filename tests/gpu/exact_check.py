@@ -1,0 +1,236 @@
+#!/usr/bin/env python3
+"""The profiler's counts and rates against what the clients received, on real servers.
+
+    python tests/gpu/exact_check.py --out DIR [--servers NAME ...] [--quick]
+
+Starts one dummy-weight EAGLE3 server per setting (side by side on one GPU), sends each the
+loads below, reads `/server_info` totals before and after each load, and writes DIR/check.json:
+per server and load, the decode tokens the clients received (completion tokens - 1 per request,
+the first token being the prefill's), the profiler's committed tokens over the same stretch
+(the difference must be 0), the phases present, and the profiler's decode tokens/s next to
+the clients' decode-only rate (streamed, from each request's first token to its last, prefills
+of later arrivals taken out at the single-request time to first token measured first).
+
+Needs an NVIDIA GPU and an installed sglang-X.Y.Z+specprof.N (PYTHONPATH or site-packages).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+import time
+import urllib.request
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "bench"))
+from gpu_models import write_models  # noqa: E402
+from serving import eagle3_args, http, start_all, stop_all  # noqa: E402
+
+# name: (steps, topk, draft tokens, extra flags)
+SETTINGS = {
+    "s6k1": (6, 1, 7, []),
+    "s1k1": (1, 1, 2, []),
+    "s3k4": (3, 4, 8, []),
+    "s8k1": (8, 1, 9, []),
+    "s3k1": (3, 1, 4, []),
+    "s4k2v1": (4, 2, 8, ["--disable-overlap-schedule"]),
+}
+GRAPH_BS = [1, 2, 4, 8, 12, 16]  # captured batch sizes: 3 pads to 4, 24 concurrent runs eager
+
+
+def stream_one(port, ids, params, rid, rec, abort_after=None):
+    """One streamed /generate; `rec` gets the time of every chunk and the last meta_info."""
+    body = {"input_ids": ids, "sampling_params": params, "stream": True, "rid": rid}
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/generate", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    rec.update(rid=rid, sent=time.perf_counter(), chunks=[], meta=None, error=None)
+    try:
+        with urllib.request.urlopen(req, timeout=600) as r:
+            for raw in r:
+                line = raw.decode().strip()
+                if not line.startswith("data:") or line == "data: [DONE]":
+                    continue
+                obj = json.loads(line[5:])
+                rec["chunks"].append(time.perf_counter())
+                rec["meta"] = obj.get("meta_info")
+                if abort_after and len(rec["chunks"]) == abort_after:
+                    threading.Thread(target=http, args=(port, "/abort_request", {"rid": rid}), daemon=True).start()
+    except Exception as e:  # recorded; the check reports it
+        rec["error"] = f"{type(e).__name__}: {e}"
+
+
+def run_load(port, name, n, prompt, new, rounds=1, stagger_s=0.0, abort_every=0, stop_ids=None):
+    """`n` requests per round (started `stagger_s` apart), `rounds` rounds one after another."""
+    recs = []
+    for r in range(rounds):
+        threads = []
+        for i in range(n):
+            ids = [100 + (i * 7 + j * 13 + r) % 30000 for j in range(prompt)]
+            params = {"max_new_tokens": new, "temperature": 0, "ignore_eos": stop_ids is None}
+            if stop_ids is not None:
+                params["stop_token_ids"] = stop_ids[i % len(stop_ids)]
+            rec = {}
+            recs.append(rec)
+            abort = 6 if abort_every and i % abort_every == 0 else None
+            t = threading.Thread(target=stream_one, args=(port, ids, params, f"{name}-{r}-{i}-{time.time_ns()}",
+                                                          rec, abort))
+            threads.append(t)
+            t.start()
+            if stagger_s:
+                time.sleep(stagger_s)
+        for t in threads:
+            t.join()
+    return recs
+
+
+def stop_tokens(port):
+    """For each of 4 requests, a token its greedy run first emits about 30 tokens in: as its
+    stop token, the run ends there, inside a verified run (the tail past it is cut)."""
+    out = []
+    for i in range(4):
+        ids = [100 + (i * 7 + j * 13) % 30000 for j in range(256)]
+        got = http(port, "/generate", {"input_ids": ids, "sampling_params": {
+            "max_new_tokens": 60, "temperature": 0, "ignore_eos": True}})["output_ids"]
+        pick = next((t for p, t in enumerate(got) if p >= 20 and t not in got[:p]), got[-1] if got else 0)
+        out.append([int(pick)])
+    return out
+
+
+def totals(port):
+    info = http(port, "/server_info")
+    states = info.get("internal_states") or [{}]
+    return states[0].get("speculative_profile") or {}
+
+
+def union_seconds(intervals):
+    total, end = 0.0, None
+    for a, b in sorted(intervals):
+        if end is None or a > end:
+            total += b - a
+            end = b
+        elif b > end:
+            total += b - end
+            end = b
+    return total
+
+
+def judge(name, recs, before, after, windows, ttft_s):
+    errors = [r["error"] for r in recs if r.get("error")]
+    done = [r for r in recs if r.get("meta")]
+    client = sum(max(0, r["meta"]["completion_tokens"] - 1) for r in done)
+    tb, ta = before.get("totals") or {}, after.get("totals") or {}
+    committed = ta.get("committed_tokens", 0) - tb.get("committed_tokens", 0)
+    intervals = [(r["chunks"][0], r["chunks"][-1]) for r in done if len(r["chunks"]) >= 2]
+    span = union_seconds(intervals)
+    # prefills of requests that arrived while others were decoding stall those others
+    eps = max(0.5 * ttft_s, 0.005)
+    inside = sum(1 for r in done if r["chunks"] and any(
+        a < r["chunks"][0] - eps < b for q in done if q is not r and len(q["chunks"]) >= 2
+        for a, b in [(q["chunks"][0], q["chunks"][-1])]))
+    decode_s = max(1e-9, span - inside * ttft_s) if ttft_s else span
+    client_rate = client / decode_s if span else None
+    gpu_ms = ta.get("decode_gpu_ms", 0) - tb.get("decode_gpu_ms", 0)
+    ws = [w for w in windows if w["host_start_s"] is not None]
+    phases = sorted({p for w in ws for b in w["buckets"].values() for p in b["phases"]})
+    return {
+        "load": name, "requests": len(recs), "errors": errors[:3], "client_decode_tokens": client,
+        "committed_tokens": committed, "difference": committed - client,
+        "finish_reasons": sorted({json.dumps((r["meta"] or {}).get("finish_reason")) for r in done}),
+        "verified_requests": ta.get("verified_requests", 0) - tb.get("verified_requests", 0),
+        "skipped_requests": ta.get("skipped_requests", 0) - tb.get("skipped_requests", 0),
+        "cut_tokens": ta.get("cut_tokens", 0) - tb.get("cut_tokens", 0),
+        "decode_cycles": ta.get("decode_cycles", 0) - tb.get("decode_cycles", 0),
+        "client_decode_tok_s": None if client_rate is None else round(client_rate, 1),
+        "client_span_s": round(span, 4), "prefills_inside": inside,
+        "profile_decode_gpu_s": round(gpu_ms / 1000.0, 4),
+        "phases_seen": phases,
+    }
+
+
+def loads_for(quick):
+    """(name, kwargs for run_load) — the issue's four loads, aborts, stops, staggered arrivals."""
+    out = [
+        ("c1-long", dict(n=1, prompt=3000, new=1024 if not quick else 256)),
+        ("c16-256", dict(n=16, prompt=256, new=256 if not quick else 96)),
+        ("c24-eager", dict(n=24, prompt=256, new=128 if not quick else 64)),
+        ("c16x24x4", dict(n=16, prompt=256, new=24, rounds=4)),
+        ("c8-stagger", dict(n=8, prompt=256, new=192, stagger_s=0.15)),
+        ("c8-abort", dict(n=8, prompt=256, new=400, abort_every=2)),
+    ]
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--servers", nargs="+", default=["s6k1", "s1k1", "s3k4", "s8k1"], choices=SETTINGS)
+    ap.add_argument("--quick", action="store_true", help="shorter loads")
+    ap.add_argument("--acc", default="3.5", help="SGLANG_SIMULATE_ACC_LEN")
+    ap.add_argument("--acc-method", default="multinomial", help="SGLANG_SIMULATE_ACC_METHOD")
+    ap.add_argument("--max-tokens", type=int, default=30000)
+    ap.add_argument("--trace", default=None, help="server name: a torch profiler trace of a few cycles at bs 1")
+    a = ap.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    logs = os.path.join(a.out, "logs")
+    os.makedirs(logs, exist_ok=True)
+    target, draft = write_models(os.path.join(a.out, "models"), "8b")
+    env = dict(os.environ, SGLANG_SIMULATE_ACC_LEN=a.acc, SGLANG_SIMULATE_ACC_METHOD=a.acc_method)
+    plan = {}
+    for name in a.servers:
+        steps, topk, dt, extra = SETTINGS[name]
+        prof = os.path.join(a.out, f"profile-{name}.jsonl")
+        if os.path.exists(prof):
+            os.remove(prof)
+        argv = eagle3_args(target, draft, steps, topk, dt, GRAPH_BS, a.max_tokens) + [
+            "--speculative-profile", "--speculative-profile-output", prof, "--speculative-profile-interval", "50",
+            "--context-length", "8192", *extra]
+        if a.trace == name:
+            env_t = dict(env, SGLANG_TORCH_PROFILER_DIR=os.path.join(a.out, "trace"))
+            plan[name] = (argv, env_t)
+        else:
+            plan[name] = (argv, env)
+    check = {"argv": sys.argv[1:], "env": {"SGLANG_SIMULATE_ACC_LEN": a.acc, "SGLANG_SIMULATE_ACC_METHOD": a.acc_method},
+             "servers": {}}
+    t0 = time.time()
+    servers = start_all(plan, logs, timeout=420)
+    check["startup_s"] = round(time.time() - t0, 1)
+    try:
+        for name, srv in servers.items():
+            steps, topk, dt, extra = SETTINGS[name]
+            entry = {"steps": steps, "topk": topk, "draft_tokens": dt, "extra": extra, "loads": []}
+            check["servers"][name] = entry
+            port = srv.port
+            run_load(port, "warm", 4, 64, 32)  # first use compiles kernels
+            run_load(port, "warm", 24, 64, 16)
+            one = run_load(port, "ttft", 1, 256, 8)
+            ttft = (one[0]["chunks"][0] - one[0]["sent"]) if one[0].get("chunks") else 0.0
+            entry["ttft_s"] = round(ttft, 4)
+            prof = os.path.join(a.out, f"profile-{name}.jsonl")
+            stops = stop_tokens(port)
+            entry["stop_token_ids"] = stops
+            for lname, kw in loads_for(a.quick) + [("c4-stop", None)]:
+                if kw is None:
+                    kw = dict(n=4, prompt=256, new=60, stop_ids=stops)
+                before = totals(port)
+                nlines = sum(1 for _ in open(prof)) if os.path.exists(prof) else 0
+                recs = run_load(port, lname, **kw)
+                time.sleep(1.0)
+                after = totals(port)
+                windows = [json.loads(x) for x in open(prof)][nlines:] if os.path.exists(prof) else []
+                r = judge(lname, recs, before, after, windows, ttft if kw.get("n", 1) > 1 else 0.0)
+                entry["loads"].append(r)
+                print(name, json.dumps(r), flush=True)
+            if a.trace == name:
+                http(port, "/start_profile", {"num_steps": 12, "activities": ["CPU", "GPU"]})
+                run_load(port, "trace", 1, 256, 200)
+                time.sleep(2)
+    finally:
+        stop_all(servers)
+    with open(os.path.join(a.out, "check.json"), "w") as f:
+        json.dump(check, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
