@@ -86,7 +86,8 @@ def test_host_time_is_measured_apart_from_gpu_time(fake):
     # the host period is half the GPU's here; tokens/s follows the GPU's
     assert bucket["cycle_wall_ms"]["mean"] == pytest.approx(4.5)
     assert bucket["cycle_period_gpu_ms"]["mean"] == pytest.approx(9.0)
-    assert bucket["tokens_per_s"] == pytest.approx(3 / 0.009, rel=1e-4)
+    # 10 cycles of 8.6 ms and the 9 gaps between them: the GPU's decode time, not the host's
+    assert bucket["tokens_per_s"] == pytest.approx(30 / 0.0896, rel=1e-4)
 
 
 def test_time_between_cycles_is_reported_as_unattributed(fake):
@@ -138,7 +139,8 @@ def test_no_period_across_a_prefill_or_idle(fake):
     bucket = out[0]["buckets"]["1"]
     assert bucket["cycle_wall_ms"]["n"] == 8  # 10 decode cycles; the first, and the one after the prefill, have none
     assert bucket["cycle_wall_ms"]["mean"] == pytest.approx(9.0)
-    assert out[0]["tokens_per_s"] == pytest.approx(3 / 0.009, rel=1e-6)
+    # decode time: 10 cycles of 8.6 ms and 8 gaps of 0.4 (none before the first, none after the prefill)
+    assert out[0]["tokens_per_s"] == pytest.approx(30 / (0.086 + 0.0032), rel=1e-6)
 
 
 def test_buckets_by_batch_size(fake):
@@ -585,7 +587,7 @@ def test_gpu_period_leaves_out_what_the_host_waited_for(fake):
     bucket = out[0]["buckets"]["1"]
     assert bucket["cycle_wall_ms"]["max"] == pytest.approx(39.0)
     assert bucket["cycle_period_gpu_ms"]["max"] == pytest.approx(9.0)
-    assert out[0]["tokens_per_s"] == pytest.approx(3 / 0.009, rel=1e-4)
+    assert out[0]["tokens_per_s"] == pytest.approx(30 / 0.0896, rel=1e-4)
 
 
 def test_garbage_collector_pauses_inside_a_cycle_are_timed(fake):
@@ -610,3 +612,41 @@ def test_garbage_collector_pauses_inside_a_cycle_are_timed(fake):
     assert p._gc_cb is None
     pauses = out[0]["buckets"]["1"]["host_pause_ms"]
     assert pauses["n"] == 1 and pauses["max"] == pytest.approx(50.0)
+
+
+def test_a_cycle_where_the_device_waited_on_the_host_is_a_stall_reported_apart(fake):
+    p, b, out = fake
+    for i in range(11):
+        p.begin("decode", 1)
+        b.advance(0.02, 0.3)  # draft_inputs: host work, the GPU ahead
+        if i == 6:
+            b.advance(200.0, 200.0)  # a kernel compiled for a new shape: the GPU waits on the host
+        p.mark("draft_inputs")
+        b.advance(6.0, 0.2)  # verify: GPU work the host does not wait for
+        p.mark("verify")
+        p.end()
+        p.harvest([2])
+    bucket = out[0]["buckets"]["1"]
+    st = bucket["stalled"]
+    assert st["cycles"] == 1 and st["phases"]["draft_inputs"]["n"] == 1
+    assert st["phases"]["draft_inputs"]["gpu_ms"] == pytest.approx(200.02)
+    di = bucket["phases"]["draft_inputs"]["gpu_ms"]
+    assert di["n"] == 9 and di["mean"] == pytest.approx(0.02) and di["max"] == pytest.approx(0.02)
+    assert bucket["cycle_gpu_ms"]["mean"] == pytest.approx(6.02)
+    # the stall's time is still decode time: tokens/s counts it
+    assert out[0]["seconds"] == pytest.approx((10 * 6.02 + 200.0) / 1000.0, rel=1e-3)
+    assert "stalled: 1 cycles" in format_summary(out[0])
+
+
+def test_a_steadily_host_bound_phase_is_not_a_stall(fake):
+    p, b, out = fake
+    for _ in range(11):  # an eager draft at a large batch: launch-bound every cycle
+        p.begin("decode", 24)
+        b.advance(15.0, 15.0)
+        p.mark("draft")
+        b.advance(30.0, 1.0)
+        p.mark("verify")
+        p.end()
+        p.harvest([2] * 24)
+    bucket = out[0]["buckets"]["17-32"]
+    assert bucket["stalled"]["cycles"] == 0 and bucket["phases"]["draft"]["gpu_ms"]["n"] == 10

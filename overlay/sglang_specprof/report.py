@@ -124,6 +124,16 @@ def merge_buckets(windows: list[dict]) -> dict:
         accept_cycles = sum(b["accept"]["committed_tokens"] / b["accept"]["tokens_per_cycle"]
                             for b in bs if b["accept"].get("tokens_per_cycle"))
         ctx = [b["context_tokens"] for b in bs if (b.get("context_tokens") or {}).get("n")]
+        stalled = {"cycles": 0, "gpu_ms": 0.0, "phases": {}}
+        for b in bs:
+            st = b.get("stalled") or {}
+            stalled["cycles"] += st.get("cycles") or 0
+            stalled["gpu_ms"] += st.get("gpu_ms") or 0.0
+            for n, e in (st.get("phases") or {}).items():
+                m = stalled["phases"].setdefault(n, {"n": 0, "gpu_ms": 0.0, "host_ms": 0.0})
+                for f in m:
+                    m[f] += e.get(f) or 0
+        stalled["gpu_ms"] = _r(stalled["gpu_ms"])
         merged[key] = {
             "cycles": cycles,
             "prefill_cycles": sum(b["prefill_cycles"] for b in bs),
@@ -133,6 +143,7 @@ def merge_buckets(windows: list[dict]) -> dict:
             "context_tokens": _merge_stats(ctx) if ctx else None,
             "between_cycles_gpu_ms": gap,
             "cycle_period_gpu_ms": gpu_period,
+            "stalled": stalled,
             "cycle_wall_ms": wall,
             "between_cycles_share": _r(gap["mean"] / gpu_period["mean"]) if gpu_period["mean"] and gap["mean"] is not None
             else None,

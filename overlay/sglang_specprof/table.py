@@ -50,6 +50,13 @@ def format_summary(s: dict) -> str:
         advice = _advice_line(b, cfg)
         if advice:
             lines.append(advice)
+        st = b.get("stalled") or {}
+        if st.get("cycles"):
+            parts = ", ".join(f"{n} {_f(e['gpu_ms'], 1)} ms GPU / {_f(e['host_ms'], 1)} ms host"
+                              for n, e in st["phases"].items())
+            lines.append(f"    stalled: {st['cycles']} cycles ({_f(st['gpu_ms'], 1)} ms) where the device waited on "
+                         f"the host ({parts}; a kernel compiled for a new shape, a pause): left out of the phase "
+                         f"figures, counted in tok/s")
         rare = [n for n, p in b["phases"].items() if _above_p99(p["gpu_ms"])]
         if rare:
             parts = ", ".join(f"{n} (max {_f(b['phases'][n]['gpu_ms'].get('max'))} ms)" for n in rare)

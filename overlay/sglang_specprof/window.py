@@ -14,6 +14,13 @@ import random
 from collections import deque
 from dataclasses import dataclass, field
 
+# A phase whose host time is near its GPU time held the device waiting on the host; when it
+# also took far longer than the phase usually does (a kernel compiled for a new shape, a
+# pause), its cycle is a stall: left out of the phase figures, reported apart.
+STALL_HOST_SHARE = 0.8  # host time at least this share of the span
+STALL_MIN_MS = 1.0
+STALL_TIMES_P50 = 4.0  # and longer than 4 x the phase's p50 + 0.5 ms
+STALL_CANDIDATES = 16  # cycles kept per bucket and window to judge at its close
 SAMPLES_PER_SERIES = 2048  # reservoir size: memory stays bounded whatever the window length
 CYCLE_SAMPLES = 8  # whole cycles kept per window, for timelines (the report's --trace)
 
@@ -81,6 +88,16 @@ class Series:
     def mean(self) -> float:
         return self.total / self.n if self.n else float("nan")
 
+    def remove(self, x: float) -> None:
+        """Take one value back out (a stalled cycle's, at the window's close)."""
+        self.n -= 1
+        self.total -= x
+        try:
+            self.samples.remove(x)
+        except ValueError:
+            pass
+        self.max = max(self.samples) if self.samples else float("nan")
+
     def stats(self) -> dict:
         s = sorted(self.samples)
         return {"mean": _r(self.mean), "p50": _r(percentile(s, 0.5)), "p90": _r(percentile(s, 0.9)),
@@ -112,7 +129,9 @@ class Bucket:
         self.context = Series()
         self.period = Series()
         self.period_gpu = Series()
+        self.decode_ms = 0.0  # GPU time of decode: the cycles' spans and the gaps between consecutive ones
         self.pauses = Series()  # cycles the garbage collector paused, and for how long
+        self.candidates: list[tuple[float, list]] = []  # (longest host-bound phase, phases) of possible stalls
         self.graph_replays = {"draft": 0, "verify": 0, "draft_extend": 0}
         self.padding = Series()
         self.prefill_gpu: dict[str, Series] = {}
@@ -145,6 +164,16 @@ class Bucket:
             host[name].add(h)
             total += g
         self.cycle_gpu.add(total)
+        self.decode_ms += total + (c.gap_gpu_ms or 0.0)
+        worst = max((g for _, g, h in c.phases if g > STALL_MIN_MS and h >= STALL_HOST_SHARE * g), default=0.0)
+        if worst:
+            cand = self.candidates
+            if len(cand) < STALL_CANDIDATES:
+                cand.append((worst, c.phases))
+            else:
+                i = min(range(len(cand)), key=lambda j: cand[j][0])
+                if worst > cand[i][0]:
+                    cand[i] = (worst, c.phases)
         if c.host_pause_ms:
             self.pauses.add(c.host_pause_ms)
         if c.context_tokens is not None:
@@ -186,8 +215,42 @@ class Bucket:
             self.committed += n
         self.verified_reqs += len(correct_per_req)
 
+    def _take_out_stalls(self) -> dict:
+        """Judge the candidate cycles against each phase's p50; take the stalled ones out of
+        the phase and cycle statistics. Returns what they held."""
+        p50 = {}
+        out = {"cycles": 0, "gpu_ms": 0.0, "phases": {}}
+        for _, phases in self.candidates:
+            waited = []
+            for name, g, h in phases:
+                if name not in p50:
+                    p50[name] = percentile(sorted(self.gpu[name].samples), 0.5)
+                if g > STALL_MIN_MS and h >= STALL_HOST_SHARE * g and g > STALL_TIMES_P50 * p50[name] + 0.5:
+                    waited.append((name, g, h))
+            if not waited or self.cycle_gpu.n <= 1:
+                continue
+            total = 0.0
+            for name, g, h in phases:
+                self.gpu[name].remove(g)
+                self.host[name].remove(h)
+                total += g
+            self.cycle_gpu.remove(total)
+            out["cycles"] += 1
+            out["gpu_ms"] += total
+            for name, g, h in waited:
+                e = out["phases"].setdefault(name, {"n": 0, "gpu_ms": 0.0, "host_ms": 0.0})
+                e["n"] += 1
+                e["gpu_ms"] += g
+                e["host_ms"] += h
+        out["gpu_ms"] = _r(out["gpu_ms"])
+        for e in out["phases"].values():
+            e["gpu_ms"], e["host_ms"] = _r(e["gpu_ms"]), _r(e["host_ms"])
+        self.candidates = []
+        return out
+
     def summary(self, num_steps: int | None) -> dict:
         phases = {}
+        stalled = self._take_out_stalls()
         mean_cycle = self.cycle_gpu.mean
         for name in self.order:
             g = self.gpu[name]
@@ -208,6 +271,7 @@ class Bucket:
             "cycle_period_gpu_ms": self.period_gpu.stats(),
             "cycle_wall_ms": self.period.stats(),
             "host_pause_ms": self.pauses.stats(),
+            "stalled": stalled,
             "between_cycles_share": _r(self.gap.mean / gpu_period) if self.period_gpu.n and gpu_period > 0 else None,
             "prefill_phases_gpu_ms": {k: v.stats() for k, v in self.prefill_gpu.items()},
             "graph": {"replays": dict(self.graph_replays), "eager": {k: self.cycles - v for k, v in self.graph_replays.items()},
@@ -224,16 +288,14 @@ class Bucket:
                 "cut_tokens": self.cut_tokens,
                 "tokens_per_cycle": _r(self.committed / self.accept_cycles) if self.accept_cycles else None,
             },
+            "decode_gpu_ms": _r(self.decode_ms),
             "tokens_per_s": _r(self.tokens_per_s()),
         }
 
     def busy_seconds(self) -> float:
-        """Seconds this bucket's verified cycles took, at their mean period on the GPU (the host's
-        where no GPU period was measured): idle time and prefills excluded."""
-        per = self.period_gpu if self.period_gpu.n else self.period
-        if not per.n or not self.accept_cycles:
-            return 0.0
-        return self.accept_cycles * per.mean / 1000.0
+        """GPU seconds of this bucket's decode cycles: their phases and the time between one
+        decode cycle and the next; prefills and idle time excluded."""
+        return self.decode_ms / 1000.0 if self.accept_cycles else 0.0
 
     def tokens_per_s(self) -> float:
         busy = self.busy_seconds()

@@ -40,6 +40,17 @@ SETTINGS = {
 GRAPH_BS = [1, 2, 4, 8, 12, 16]  # captured batch sizes: 3 pads to 4, 24 concurrent runs eager
 
 
+def post_quietly(port, path, body):
+    """A POST whose answer is not JSON (/abort_request, /start_profile): its status only."""
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status
+    except Exception as e:
+        return f"{type(e).__name__}: {e}"
+
+
 def stream_one(port, ids, params, rid, rec, abort_after=None):
     """One streamed /generate; `rec` gets the time of every chunk and the last meta_info."""
     body = {"input_ids": ids, "sampling_params": params, "stream": True, "rid": rid}
@@ -56,7 +67,8 @@ def stream_one(port, ids, params, rid, rec, abort_after=None):
                 rec["chunks"].append(time.perf_counter())
                 rec["meta"] = obj.get("meta_info")
                 if abort_after and len(rec["chunks"]) == abort_after:
-                    threading.Thread(target=http, args=(port, "/abort_request", {"rid": rid}), daemon=True).start()
+                    threading.Thread(target=post_quietly, args=(port, "/abort_request", {"rid": rid}),
+                                     daemon=True).start()
     except Exception as e:  # recorded; the check reports it
         rec["error"] = f"{type(e).__name__}: {e}"
 
@@ -116,6 +128,22 @@ def union_seconds(intervals):
     return total
 
 
+def client_decode_seconds(done, merge_s=0.0015):
+    """Decode time as the clients saw it. Every cycle's results reach all running requests
+    at once: a tick. Between two ticks lies one cycle, unless the later tick brought some
+    request its first token: then the interval held that prefill (or an idle server
+    before it), which is not decode time."""
+    events = sorted((t, i == 0) for r in done for i, t in enumerate(r["chunks"]))
+    ticks = []  # [time, holds a first token]
+    for t, first in events:
+        if ticks and t - ticks[-1][2] <= merge_s:
+            ticks[-1][1] |= first
+            ticks[-1][2] = t
+        else:
+            ticks.append([t, first, t])
+    return sum(b[0] - a[0] for a, b in zip(ticks, ticks[1:]) if not b[1])
+
+
 def judge(name, recs, before, after, windows, ttft_s):
     errors = [r["error"] for r in recs if r.get("error")]
     done = [r for r in recs if r.get("meta")]
@@ -124,14 +152,10 @@ def judge(name, recs, before, after, windows, ttft_s):
     committed = ta.get("committed_tokens", 0) - tb.get("committed_tokens", 0)
     intervals = [(r["chunks"][0], r["chunks"][-1]) for r in done if len(r["chunks"]) >= 2]
     span = union_seconds(intervals)
-    # prefills of requests that arrived while others were decoding stall those others
-    eps = max(0.5 * ttft_s, 0.005)
-    inside = sum(1 for r in done if r["chunks"] and any(
-        a < r["chunks"][0] - eps < b for q in done if q is not r and len(q["chunks"]) >= 2
-        for a, b in [(q["chunks"][0], q["chunks"][-1])]))
-    decode_s = max(1e-9, span - inside * ttft_s) if ttft_s else span
-    client_rate = client / decode_s if span else None
+    decode_s = client_decode_seconds(done)
+    client_rate = client / decode_s if decode_s > 0 else None
     gpu_ms = ta.get("decode_gpu_ms", 0) - tb.get("decode_gpu_ms", 0)
+    prof_rate = committed / (gpu_ms / 1000.0) if gpu_ms > 0 else None
     ws = [w for w in windows if w["host_start_s"] is not None]
     phases = sorted({p for w in ws for b in w["buckets"].values() for p in b["phases"]})
     return {
@@ -143,8 +167,10 @@ def judge(name, recs, before, after, windows, ttft_s):
         "cut_tokens": ta.get("cut_tokens", 0) - tb.get("cut_tokens", 0),
         "decode_cycles": ta.get("decode_cycles", 0) - tb.get("decode_cycles", 0),
         "client_decode_tok_s": None if client_rate is None else round(client_rate, 1),
-        "client_span_s": round(span, 4), "prefills_inside": inside,
+        "client_span_s": round(span, 4), "client_decode_s": round(decode_s, 4),
         "profile_decode_gpu_s": round(gpu_ms / 1000.0, 4),
+        "profile_decode_tok_s": None if prof_rate is None else round(prof_rate, 1),
+        "rate_ratio": round(prof_rate / client_rate, 4) if prof_rate and client_rate else None,
         "phases_seen": phases,
     }
 
@@ -223,9 +249,9 @@ def main():
                 entry["loads"].append(r)
                 print(name, json.dumps(r), flush=True)
             if a.trace == name:
-                http(port, "/start_profile", {"num_steps": 12, "activities": ["CPU", "GPU"]})
+                entry["trace"] = post_quietly(port, "/start_profile", {"num_steps": 12, "activities": ["CPU", "GPU"]})
                 run_load(port, "trace", 1, 256, 200)
-                time.sleep(2)
+                time.sleep(5)
     finally:
         stop_all(servers)
     with open(os.path.join(a.out, "check.json"), "w") as f:

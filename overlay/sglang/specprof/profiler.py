@@ -490,8 +490,9 @@ class Profiler(NullProfiler):
             sums = t["phase_gpu_ms"]
             for name, g, _ in phases:
                 sums[name] = sums.get(name, 0.0) + g
-            if gpu_period is not None:
-                t["decode_gpu_ms"] += gpu_period
+            # decode time: each cycle's own span, and the GPU time after a decode cycle
+            # until this one (not after a prefill or an idle server)
+            t["decode_gpu_ms"] += el(ev[0], ev[s.n - 1]) + (gap or 0.0)
         self.window.add_cycle(c, s.host[s.n - 1])
         if p is not None:
             self._recycle(p)
