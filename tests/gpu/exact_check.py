@@ -129,19 +129,31 @@ def union_seconds(intervals):
 
 
 def client_decode_seconds(done, merge_s=0.0015):
-    """Decode time as the clients saw it. Every cycle's results reach all running requests
-    at once: a tick. Between two ticks lies one cycle, unless the later tick brought some
-    request its first token: then the interval held that prefill (or an idle server
-    before it), which is not decode time."""
-    events = sorted((t, i == 0) for r in done for i, t in enumerate(r["chunks"]))
-    ticks = []  # [time, holds a first token]
-    for t, first in events:
-        if ticks and t - ticks[-1][2] <= merge_s:
-            ticks[-1][1] |= first
-            ticks[-1][2] = t
-        else:
-            ticks.append([t, first, t])
-    return sum(b[0] - a[0] for a, b in zip(ticks, ticks[1:]) if not b[1])
+    """Decode time as the clients saw it: the union of the requests' decode spans (first
+    token to last), less the stall that each later arrival's prefill put into the streams
+    already running. A request's chunks come once per cycle; the interval of a running
+    request that holds an arrival's first token is longer than that request's median
+    interval by the prefill: that excess is taken out (once per prefill batch)."""
+    runs = [r["chunks"] for r in done if len(r["chunks"]) >= 2]
+    span = union_seconds([(c[0], c[-1]) for c in runs])
+    firsts = sorted(c[0] for c in runs)
+    batches = []
+    for f in firsts:
+        if not batches or f - batches[-1] > merge_s:
+            batches.append(f)
+    medians = [sorted(b - a for a, b in zip(c, c[1:]))[(len(c) - 2) // 2] for c in runs]
+    stall = 0.0
+    for f in batches:
+        excess = []
+        for c, med in zip(runs, medians):
+            if c[0] < f < c[-1]:
+                for a, b in zip(c, c[1:]):
+                    if a < f <= b:
+                        excess.append(max(0.0, (b - a) - med))
+                        break
+        if excess:
+            stall += sorted(excess)[len(excess) // 2]
+    return max(0.0, span - stall)
 
 
 def judge(name, recs, before, after, windows, ttft_s):
