@@ -208,6 +208,8 @@ def main():
     ap.add_argument("--acc", default="3.5", help="SGLANG_SIMULATE_ACC_LEN")
     ap.add_argument("--acc-method", default="multinomial", help="SGLANG_SIMULATE_ACC_METHOD")
     ap.add_argument("--max-tokens", type=int, default=30000)
+    ap.add_argument("--warm-each", action="store_true",
+                    help="send each load once unmeasured first (its batch shapes' first-use costs out of the figures)")
     ap.add_argument("--trace", default=None, help="server name: a torch profiler trace of a few cycles at bs 1")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
@@ -251,6 +253,9 @@ def main():
             for lname, kw in loads_for(a.quick) + [("c4-stop", None)]:
                 if kw is None:
                     kw = dict(n=4, prompt=256, new=60, stop_ids=stops)
+                if a.warm_each:
+                    run_load(port, "w" + lname, **kw)
+                    time.sleep(0.5)
                 before = totals(port)
                 nlines = sum(1 for _ in open(prof)) if os.path.exists(prof) else 0
                 recs = run_load(port, lname, **kw)

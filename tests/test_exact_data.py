@@ -1,0 +1,117 @@
+"""The GPU check of exact figures (tests/gpu/exact_check.py), replayed from its recorded runs.
+
+tests/data/exact/<run>/ holds what the check wrote on the GPU machine (docs/gpu-runs.md):
+check.json, with the clients' tokens and the profiler's totals around each load, and each
+server's profile. These tests assert what those runs must show, and read the profiles with
+the report as a user would.
+"""
+import json
+import lzma
+from pathlib import Path
+
+import pytest
+
+from fakes import FakeBackend  # noqa: F401  (puts overlay/ on the path)
+from sglang_specprof import report, schema
+from sglang_specprof.table import format_summary
+
+DATA = Path(__file__).resolve().parent / "data" / "exact"
+RUNS = sorted(p for p in DATA.iterdir() if (p / "check.json").is_file())
+V2_GRAPH = {"draft_prep", "draft_inputs", "draft", "draft_outputs", "tree", "verify_prep", "verify", "accept",
+            "draft_extend_prep", "draft_extend", "draft_extend_post"}
+V2_EAGER = V2_GRAPH - {"draft_inputs", "draft_outputs"}  # those two exist only around a draft graph replay
+
+
+def _check(run):
+    return json.loads((run / "check.json").read_text())
+
+
+def _windows(run, name, tmp_path):
+    path = tmp_path / f"{name}.jsonl"
+    path.write_bytes(lzma.decompress((run / f"profile-{name}.jsonl.xz").read_bytes()))
+    windows, notes = schema.read(str(path))
+    assert notes == []
+    return windows
+
+
+def test_the_runs_cover_both_releases_both_workers_and_the_step_counts():
+    seen = {(_check(r)["servers"][n]["steps"], _check(r)["servers"][n]["topk"], r.name.split("-")[0])
+            for r in RUNS for n in _check(r)["servers"]}
+    assert {s for s, _, rel in seen if rel == "0.5.16"} >= {1, 3, 6, 8}
+    assert {s for s, _, rel in seen if rel == "0.5.12"} >= {1, 3, 8}
+    assert {k for _, k, _ in seen} >= {1, 4}
+
+
+@pytest.mark.parametrize("run", RUNS, ids=lambda p: p.name)
+def test_committed_tokens_are_what_the_clients_received(run):
+    loads = [(n, ld) for n, e in _check(run)["servers"].items() for ld in e["loads"]]
+    assert len(loads) >= 20
+    names = {ld["load"] for _, ld in loads}
+    assert names >= {"c1-long", "c16-256", "c24-eager", "c16x24x4", "c8-stagger", "c8-abort", "c4-stop"}
+    for server, ld in loads:
+        assert not ld["errors"], (server, ld["load"])
+        assert ld["committed_tokens"] == ld["client_decode_tokens"], (server, ld["load"])
+    # the cases the counting is for were there: finished requests still in flight, cut tails, aborts
+    assert sum(ld["skipped_requests"] for _, ld in loads) > 0 or all(
+        _check(run)["servers"][s]["topk"] > 1 for s, _ in loads)
+    assert any("abort" in r for _, ld in loads for r in ld["finish_reasons"])
+    assert any("stop" in r for _, ld in loads for r in ld["finish_reasons"])
+
+
+@pytest.mark.parametrize("run", RUNS, ids=lambda p: p.name)
+def test_one_request_decodes_at_the_clients_rate(run):
+    for name, e in _check(run)["servers"].items():
+        (ld,) = [x for x in e["loads"] if x["load"] == "c1-long"]
+        if "rate_ratio" in ld:  # recorded from the second run on
+            assert abs(ld["rate_ratio"] - 1) <= 0.01, name
+        assert ld["profile_decode_gpu_s"] == pytest.approx(ld["client_span_s"], rel=0.01), name
+
+
+@pytest.mark.parametrize("run", RUNS, ids=lambda p: p.name)
+def test_no_phase_or_step_is_lost_on_graph_and_eager_paths(run, tmp_path):
+    check = _check(run)
+    for name, e in check["servers"].items():
+        windows = _windows(run, name, tmp_path)
+        assert all(w["marks_lost"] == 0 and w["uncut_cycles"] == 0 and w["dropped_cycles"] == 0 for w in windows)
+        worker = windows[0]["config"]["worker"]
+        graph = [b for w in windows for k, b in w["buckets"].items() if b["cycles"] and int(k.split("-")[0]) <= 16]
+        eager = [b for w in windows for k, b in w["buckets"].items() if b["cycles"] and k == "17-32"]
+        assert graph and eager, name
+        if worker == "v2":
+            assert all(set(b["phases"]) == V2_EAGER for b in eager), name
+            # one step: SGLang drafts without the draft graph
+            assert any(set(b["phases"]) == (V2_GRAPH if e["steps"] > 1 else V2_EAGER) for b in graph), name
+        # every draft step of the eager path is timed, whatever the step count
+        assert all(len(b["draft_steps_gpu_ms"]) == e["steps"] for b in eager if worker == "v2"), name
+        assert all(b["graph"]["eager"]["draft"] == b["cycles"] for b in eager), name
+
+
+def test_stalls_are_where_the_device_waited_on_the_host(tmp_path):
+    """0.5.16, second run: every stalled phase's host time is within 2% of its GPU time (the
+    device followed the host), and the steady windows have none."""
+    run = DATA / "0.5.16-b"
+    found = 0
+    for name in _check(run)["servers"]:
+        for w in _windows(run, name, tmp_path):
+            for b in w["buckets"].values():
+                for p in b["stalled"]["phases"].values():
+                    found += 1
+                    assert p["host_ms"] >= 0.98 * p["gpu_ms"]
+                for ph in b["phases"].values():  # what is left holds no mean far above the median
+                    g = ph["gpu_ms"]
+                    if g["n"] >= 20:
+                        assert g["mean"] <= g["p99"] + 1e-6 or g["max"] < 4 * g["p50"] + 0.5
+    assert found >= 10
+
+
+@pytest.mark.parametrize("run", RUNS, ids=lambda p: p.name)
+def test_report_reads_the_profiles(run, tmp_path):
+    for name in _check(run)["servers"]:
+        windows = _windows(run, name, tmp_path)
+        summary = report.summarize(windows)
+        text = format_summary(summary)
+        assert "accounted" not in text and "between cycles" in text
+        for key, b in summary["buckets"].items():
+            acc = b["accept"]
+            assert acc["committed_tokens"] == sum(n * c for n, c in enumerate(acc["histogram"]))
+            assert sum(acc["drafts_histogram"]) == acc["verified_requests"]
