@@ -650,3 +650,34 @@ def test_a_steadily_host_bound_phase_is_not_a_stall(fake):
         p.harvest([2] * 24)
     bucket = out[0]["buckets"]["17-32"]
     assert bucket["stalled"]["cycles"] == 0 and bucket["phases"]["draft"]["gpu_ms"]["n"] == 10
+
+
+@pytest.mark.parametrize("read_first", [True, False])
+def test_a_cycle_after_every_request_finished_is_not_decode_time(read_first):
+    """Under the overlap scheduler one more cycle runs as a batch drains: it gives clients
+    nothing, and its time is left out of decode time, whether it is read before or after
+    its commit says so."""
+    b = FakeBackend()
+    p = Profiler(b, interval=1000, config={"num_steps": 3, "worker": "v2"}, clock=b.clock, log_table=False)
+    reqs = [Req(13), Req(13)]
+    results = []
+    for i in range(4):  # 3 cycles of 4 tokens fill 13, the 4th runs on finished requests
+        if i == 3 and not read_first:
+            b.hold = True  # the 4th cycle's events are still incomplete when its commit comes
+        p.begin("decode", 2)
+        b.advance(10.0)
+        p.mark("verify")
+        p.end()
+        b.advance(1.0)
+        results.append([3, 3])
+    for correct in results:
+        p.harvest(correct)
+        p.commit_begin(reqs)
+        for r, c in zip(reqs, correct):
+            if not r.finished():
+                r.take(c + 1)
+        p.commit_end()
+    t = p.totals_now()
+    assert t["committed_tokens"] == 24 and t["drain_cycles"] == 1
+    # three cycles of 10 ms and the two gaps between them; not the 4th cycle nor its gap
+    assert t["decode_gpu_ms"] == pytest.approx(32.0)

@@ -39,6 +39,7 @@ class Cycle:
     context_tokens: int | None = None  # sum of the batch's sequence lengths at the cycle's start
     period_gpu_ms: float | None = None  # GPU time from the previous cycle's start to this one's
     host_pause_ms: float = 0.0  # host time the garbage collector stopped the process inside the cycle
+    drained: bool = False  # every request had finished before it: no decode time
 
 
 def bucket_of(bs: int) -> str:
@@ -130,6 +131,7 @@ class Bucket:
         self.period = Series()
         self.period_gpu = Series()
         self.decode_ms = 0.0  # GPU time of decode: the cycles' spans and the gaps between consecutive ones
+        self.drain_cycles = 0  # cycles run after all their requests had finished: not decode time
         self.pauses = Series()  # cycles the garbage collector paused, and for how long
         self.candidates: list[tuple[float, list]] = []  # (longest host-bound phase, phases) of possible stalls
         self.graph_replays = {"draft": 0, "verify": 0, "draft_extend": 0}
@@ -164,7 +166,10 @@ class Bucket:
             host[name].add(h)
             total += g
         self.cycle_gpu.add(total)
-        self.decode_ms += total + (c.gap_gpu_ms or 0.0)
+        if c.drained:
+            self.drain_cycles += 1
+        else:
+            self.decode_ms += total + (c.gap_gpu_ms or 0.0)
         worst = max((g for _, g, h in c.phases if g > STALL_MIN_MS and h >= STALL_HOST_SHARE * g), default=0.0)
         if worst:
             cand = self.candidates
@@ -289,6 +294,7 @@ class Bucket:
                 "tokens_per_cycle": _r(self.committed / self.accept_cycles) if self.accept_cycles else None,
             },
             "decode_gpu_ms": _r(self.decode_ms),
+            "drain_cycles": self.drain_cycles,
             "tokens_per_s": _r(self.tokens_per_s()),
         }
 
@@ -335,6 +341,12 @@ class Window:
             self.first_host_s = c.host_start_s
         if end_host_s is not None:
             self.last_host_s = end_host_s
+
+    def uncharge(self, bs: int, ms: float) -> None:
+        """A cycle read before it was found drained: its time is not decode time."""
+        b = self.bucket(bs)
+        b.decode_ms -= ms
+        b.drain_cycles += 1
 
     def add_accept(self, correct_per_req: list[int], committed: list[int] | None = None, skipped: int = 0) -> None:
         """One cycle's acceptance, in the bucket of its batch size (the requests that took its

@@ -130,29 +130,21 @@ def union_seconds(intervals):
 
 def client_decode_seconds(done, merge_s=0.0015):
     """Decode time as the clients saw it: the union of the requests' decode spans (first
-    token to last), less the stall that each later arrival's prefill put into the streams
-    already running. A request's chunks come once per cycle; the interval of a running
-    request that holds an arrival's first token is longer than that request's median
-    interval by the prefill: that excess is taken out (once per prefill batch)."""
+    token to last), less each prefill that ran while other requests were decoding. Under
+    the overlap scheduler the GPU runs decode N, the prefill, decode N+1: the running
+    requests' chunk of cycle N comes, then the new request's first token once the prefill
+    is done, so the prefill took the time from the one to the other."""
     runs = [r["chunks"] for r in done if len(r["chunks"]) >= 2]
     span = union_seconds([(c[0], c[-1]) for c in runs])
-    firsts = sorted(c[0] for c in runs)
-    batches = []
-    for f in firsts:
+    batches = []  # first tokens that came together came from one prefill
+    for f in sorted(c[0] for c in runs):
         if not batches or f - batches[-1] > merge_s:
             batches.append(f)
-    medians = [sorted(b - a for a, b in zip(c, c[1:]))[(len(c) - 2) // 2] for c in runs]
     stall = 0.0
     for f in batches:
-        excess = []
-        for c, med in zip(runs, medians):
-            if c[0] < f < c[-1]:
-                for a, b in zip(c, c[1:]):
-                    if a < f <= b:
-                        excess.append(max(0.0, (b - a) - med))
-                        break
-        if excess:
-            stall += sorted(excess)[len(excess) // 2]
+        before = [t for c in runs if c[0] < f - merge_s and c[-1] > f for t in c if t < f - merge_s]
+        if before:
+            stall += f - max(before)
     return max(0.0, span - stall)
 
 

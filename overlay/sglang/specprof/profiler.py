@@ -108,6 +108,19 @@ class NullProfiler:
     def harvest(self, correct_per_req=None):
         pass
 
+    def _drained(self, k):
+        t = self.totals
+        t["drain_cycles"] += 1
+        for i, (idx, win, bs, ms) in enumerate(self.charged):
+            if idx == k:
+                t["decode_gpu_ms"] -= ms
+                if win == self.window.index:
+                    self.window.uncharge(bs, ms)
+                del self.charged[i]
+                return
+        if k >= self.decode_read:
+            self.drain_pending.add(k)
+
     def commit_begin(self, reqs):
         pass
 
@@ -153,6 +166,13 @@ class Profiler(NullProfiler):
         self.unsettled: deque = deque()  # correct-draft lists harvested, waiting for their commit
         self.open_commit = None  # (reqs, correct, visible before) between commit_begin and commit_end
         self.uncut_cycles = 0  # v2 cycles counted without their commit (a hook not reached): counted as verified
+        # A cycle whose requests had all finished before it (the overlap scheduler runs one more
+        # as a batch drains) gives clients nothing: its time is not decode time. Cycles and
+        # acceptance lists come in the same order, so the k-th list settles the k-th cycle.
+        self.decode_read = 0
+        self.decode_settled = 0
+        self.drain_pending: set = set()  # cycles found drained before they were read
+        self.charged: deque = deque(maxlen=2 * POOL)  # (cycle index, window, bs, ms) of recent reads
         self.step_events: dict = {}  # graph key -> [external events recorded during capture]
         self.capturing_key = None
         self.replays: dict = {}  # graph key -> replay count
@@ -165,7 +185,8 @@ class Profiler(NullProfiler):
         self._gc_t0 = None
         self._gc_cb = None
         self.totals = {"decode_cycles": 0, "prefill_cycles": 0, "phase_gpu_ms": {}, "committed_tokens": 0,
-                       "verified_requests": 0, "skipped_requests": 0, "cut_tokens": 0, "decode_gpu_ms": 0.0}
+                       "verified_requests": 0, "skipped_requests": 0, "cut_tokens": 0, "decode_gpu_ms": 0.0,
+                       "drain_cycles": 0}
 
     def follow_gc(self):
         """Time the garbage collector's pauses of the host inside each cycle (the server's
@@ -388,12 +409,29 @@ class Profiler(NullProfiler):
         if committed is None:
             committed = [c + 1 for c in correct]
         t = self.totals
+        k = self.decode_settled
+        self.decode_settled = k + 1
+        if skipped and not correct:
+            self._drained(k)
         got = sum(committed)
         t["committed_tokens"] += got
         t["verified_requests"] += len(correct)
         t["skipped_requests"] += skipped
         t["cut_tokens"] += sum(correct) + len(correct) - got
         self.window.add_accept(correct, committed, skipped)
+
+    def _drained(self, k):
+        t = self.totals
+        t["drain_cycles"] += 1
+        for i, (idx, win, bs, ms) in enumerate(self.charged):
+            if idx == k:
+                t["decode_gpu_ms"] -= ms
+                if win == self.window.index:
+                    self.window.uncharge(bs, ms)
+                del self.charged[i]
+                return
+        if k >= self.decode_read:
+            self.drain_pending.add(k)
 
     def commit_begin(self, reqs):
         """v2, in the scheduler, before it appends the cycle's tokens to each request: which
@@ -492,7 +530,15 @@ class Profiler(NullProfiler):
                 sums[name] = sums.get(name, 0.0) + g
             # decode time: each cycle's own span, and the GPU time after a decode cycle
             # until this one (not after a prefill or an idle server)
-            t["decode_gpu_ms"] += el(ev[0], ev[s.n - 1]) + (gap or 0.0)
+            ms = el(ev[0], ev[s.n - 1]) + (gap or 0.0)
+            k = self.decode_read
+            self.decode_read = k + 1
+            if k in self.drain_pending:
+                self.drain_pending.discard(k)
+                c.drained = True
+            else:
+                t["decode_gpu_ms"] += ms
+                self.charged.append((k, self.window.index, s.bs, ms))
         self.window.add_cycle(c, s.host[s.n - 1])
         if p is not None:
             self._recycle(p)
@@ -556,7 +602,7 @@ class Profiler(NullProfiler):
         return {"decode_cycles": t["decode_cycles"], "prefill_cycles": t["prefill_cycles"],
                 "committed_tokens": t["committed_tokens"], "verified_requests": t["verified_requests"],
                 "skipped_requests": t["skipped_requests"], "cut_tokens": t["cut_tokens"],
-                "decode_gpu_ms": round(t["decode_gpu_ms"], 4),
+                "decode_gpu_ms": round(t["decode_gpu_ms"], 4), "drain_cycles": t["drain_cycles"],
                 "phase_gpu_ms": {k: round(v, 4) for k, v in t["phase_gpu_ms"].items()}}
 
     # -- failure ----------------------------------------------------------------------
