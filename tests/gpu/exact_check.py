@@ -130,10 +130,10 @@ def union_seconds(intervals):
 
 def client_decode_seconds(done, merge_s=0.0015):
     """Decode time as the clients saw it: the union of the requests' decode spans (first
-    token to last), less each prefill that ran while other requests were decoding. Under
-    the overlap scheduler the GPU runs decode N, the prefill, decode N+1: the running
-    requests' chunk of cycle N comes, then the new request's first token once the prefill
-    is done, so the prefill took the time from the one to the other."""
+    token to last), less what each prefill that ran while other requests were decoding put
+    into their streams. A running request's interval across an arrival's first token holds
+    the prefill and a cycle at the new batch size; the interval after it, that cycle
+    alone: the difference is the prefill's (median over the running requests)."""
     runs = [r["chunks"] for r in done if len(r["chunks"]) >= 2]
     span = union_seconds([(c[0], c[-1]) for c in runs])
     batches = []  # first tokens that came together came from one prefill
@@ -142,14 +142,21 @@ def client_decode_seconds(done, merge_s=0.0015):
             batches.append(f)
     stall = 0.0
     for f in batches:
-        before = [t for c in runs if c[0] < f - merge_s and c[-1] > f for t in c if t < f - merge_s]
-        if before:
-            stall += f - max(before)
+        excess = []
+        for c in runs:
+            if not c[0] < f - merge_s:
+                continue
+            j = next((i for i, t in enumerate(c) if t >= f - merge_s), None)
+            if j is not None and 0 < j < len(c) - 1:
+                excess.append((c[j] - c[j - 1]) - (c[j + 1] - c[j]))
+        if excess:
+            stall += max(0.0, sorted(excess)[len(excess) // 2])
     return max(0.0, span - stall)
 
 
 def judge(name, recs, before, after, windows, ttft_s):
     errors = [r["error"] for r in recs if r.get("error")]
+    t0 = min((r["sent"] for r in recs), default=0.0)
     done = [r for r in recs if r.get("meta")]
     client = sum(max(0, r["meta"]["completion_tokens"] - 1) for r in done)
     tb, ta = before.get("totals") or {}, after.get("totals") or {}
@@ -176,6 +183,9 @@ def judge(name, recs, before, after, windows, ttft_s):
         "profile_decode_tok_s": None if prof_rate is None else round(prof_rate, 1),
         "rate_ratio": round(prof_rate / client_rate, 4) if prof_rate and client_rate else None,
         "phases_seen": phases,
+        # every request's chunk times (ms from the load's first request), for judging the
+        # clients' side of the rate again
+        "chunks_ms": [[round((t - t0) * 1000.0, 2) for t in r["chunks"]] for r in done],
     }
 
 
