@@ -1,12 +1,18 @@
 #!/usr/bin/env python3
 """Host time the profiler's hooks add to one decode cycle, on a real GPU stream.
 
-Runs the calls a v2 decode cycle makes (begin, 11 marks, end, harvest) with real CUDA
-events and no GPU work, and the same calls on the profiler that --speculative-profile
-off installs, and prints microseconds per cycle (median of --reps runs of --cycles).
+Runs the calls a v2 decode cycle makes (begin, 11 marks, end, harvest, the scheduler's
+commit of `--bs` requests) with real CUDA events and no GPU work, and the same calls on the
+profiler that --speculative-profile off installs, and prints microseconds per cycle spent
+inside the hooks (median of --reps runs of --cycles; also the p99 and the longest cycle).
 That is the most the profiler can slow a cycle whose host work is on the critical path.
 
-    python bench/hook_cost.py [--cycles 5000] [--reps 7] [--cpu]
+`--threaded` folds and closes windows on the helper thread, as the server does; then
+`--wait-us` spins that long between cycles outside the timed calls with the GIL released,
+as the scheduler waits for the GPU, so the helper's work can fall there. `--buckets`
+spreads the cycles over that many batch-size buckets (a window close costs more with more).
+
+    python bench/hook_cost.py [--cycles 5000] [--reps 7] [--cpu] [--threaded --wait-us 2000]
 """
 import argparse
 import json
@@ -18,6 +24,7 @@ from sglang.specprof.profiler import NullProfiler, Profiler
 
 MARKS = ["draft_prep", "draft_inputs", "draft", "draft_outputs", "tree", "verify_prep", "verify", "accept",
          "draft_extend_prep", "draft_extend", "draft_extend_post"]
+BUCKET_BS = [1, 2, 4, 8, 16, 32]
 
 
 class _Event:
@@ -50,30 +57,77 @@ class CpuBackend:
         return False
 
 
-def per_cycle_us(p, cycles, sync, bs=8):
-    correct = [2] * bs
+class Req:
+    """What the commit hooks read of a request."""
+
+    __slots__ = ("output_ids", "finished_len", "is_retracted")
+
+    def __init__(self):
+        self.output_ids = [0]
+        self.finished_len = None
+        self.is_retracted = False
+
+    def finished(self):
+        return False
+
+
+_BUF = bytes(1 << 16)
+
+
+def gpu_wait(seconds):
+    """What the scheduler's thread does while the GPU works: spin in C with the GIL released
+    (hashing 64 KB at a time releases it), as a blocking CUDA synchronisation does; a sleep
+    would let the CPU cool and slow every later instruction."""
+    import hashlib
+
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        hashlib.sha256(_BUF).digest()
+
+
+def run(p, cycles, sync, bs=8, buckets=1, wait_s=0.0):
+    """Microseconds inside the hooks for each cycle."""
+    reqs = {n: [Req() for _ in range(n)] for n in BUCKET_BS}
+    sizes = [bs] if buckets <= 1 else BUCKET_BS[:buckets]
+    clock = time.perf_counter
+    out = []
     sync()
-    t = time.perf_counter()
-    for _ in range(cycles):
-        p.begin("decode", bs, 8000)
+    for i in range(cycles):
+        n = sizes[i % len(sizes)]
+        rs = reqs[n]
+        correct = [2] * n
+        t = clock()
+        p.begin("decode", n, 8000)
         for m in MARKS:
             p.mark(m)
         p.end()
         p.harvest(correct)
-    secs = time.perf_counter() - t
+        p.commit_begin(rs)
+        for r in rs:  # the scheduler appends each run (not timed as the profiler's)
+            pass
+        p.commit_end()
+        out.append((clock() - t) * 1e6)
+        for r in rs:
+            r.output_ids.extend((0, 0, 0))
+        if wait_s:
+            gpu_wait(wait_s)
     sync()
-    return secs / cycles * 1e6
+    return out
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cycles", type=int, default=5000)
     ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--bs", type=int, default=8)
+    ap.add_argument("--buckets", type=int, default=1, help="batch-size buckets the cycles cycle through (1-6)")
+    ap.add_argument("--threaded", action="store_true", help="fold and close windows on the helper thread")
+    ap.add_argument("--wait-us", type=float, default=0.0, help="sleep between cycles (the GPU wait), untimed")
     ap.add_argument("--cpu", action="store_true",
                     help="no GPU: events that cost nothing, so only the profiler's Python is timed")
     a = ap.parse_args()
     logging.basicConfig(level=logging.INFO, handlers=[logging.NullHandler()])
-    config = {"algorithm": "EAGLE3", "num_steps": 3, "topk": 1, "draft_tokens": 4}
+    config = {"algorithm": "EAGLE3", "num_steps": 3, "topk": 1, "draft_tokens": 4, "worker": "v2"}
     if a.cpu:
         import platform
 
@@ -85,17 +139,25 @@ def main():
 
         torch.cuda.set_stream(torch.cuda.Stream())  # a stream of its own, as the scheduler's forward stream
         backend, sync, device = CudaBackend(), torch.cuda.synchronize, torch.cuda.get_device_name()
-    on = Profiler(backend, interval=100, config=config)
+    on = Profiler(backend, interval=100, config=config, threaded=a.threaded)
     off = NullProfiler()
-    per_cycle_us(on, 500, sync)  # warm up
+    kw = dict(bs=a.bs, buckets=a.buckets, wait_s=a.wait_us / 1e6)
+    run(on, 500, sync, **kw)  # warm up
     res = {"off": [], "on": []}
+    tails = {"off": [], "on": []}
     for _ in range(a.reps):  # interleaved
-        res["off"].append(per_cycle_us(off, a.cycles, sync))
-        res["on"].append(per_cycle_us(on, a.cycles, sync))
+        for name, p in (("off", off), ("on", on)):
+            us = run(p, a.cycles, sync, **kw)
+            res[name].append(statistics.fmean(us))
+            tails[name].append((sorted(us)[int(0.99 * len(us))], max(us)))
+        if a.threaded:
+            on.flush()
     out = {k: round(statistics.median(v), 2) for k, v in res.items()}
     out["added_us_per_cycle"] = round(out["on"] - out["off"], 2)
+    out["on_p99_us"] = round(statistics.median(t[0] for t in tails["on"]), 2)
+    out["on_max_us"] = round(max(t[1] for t in tails["on"]), 1)
     out["runs_us"] = {k: [round(x, 2) for x in v] for k, v in res.items()}
-    out["device"] = device or "cpu"
+    out.update(device=device or "cpu", threaded=a.threaded, wait_us=a.wait_us, buckets=a.buckets, bs=a.bs)
     print(json.dumps(out))
 
 

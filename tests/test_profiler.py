@@ -281,7 +281,7 @@ def test_bounded_memory_over_a_million_cycles():
     late, _ = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     assert p.seq == 1_000_000
-    assert p.windows_done == 1000
+    assert p.window_index == 1000
     assert late - early < 64 * 1024, (early, late)
 
 
@@ -681,3 +681,145 @@ def test_a_cycle_after_every_request_finished_is_not_decode_time(read_first):
     assert t["committed_tokens"] == 24 and t["drain_cycles"] == 1
     # three cycles of 10 ms and the two gaps between them; not the 4th cycle nor its gap
     assert t["decode_gpu_ms"] == pytest.approx(32.0)
+
+
+def test_folding_on_the_helper_thread_gives_the_same_windows():
+    """The server folds and closes windows on a helper thread: the same windows come out."""
+    import threading
+
+    outs = {}
+    for threaded in (False, True):
+        b = FakeBackend()
+        out = []
+        p = Profiler(b, interval=10, sink=out.append, config={"num_steps": 3}, clock=b.clock, log_table=False,
+                     threaded=threaded)
+        for i in range(35):
+            run_cycle(p, b, bs=1 + i % 3)
+        assert p.flush()
+        outs[threaded] = out
+        if threaded:
+            assert any(t.name == "specprof-folder" for t in threading.enumerate())
+            assert all(isinstance(w["window"], int) for w in out)
+    strip = lambda ws: [{k: v for k, v in w.items() if k != "time"} for w in ws]  # noqa: E731
+    assert len(outs[True]) == 3 and strip(outs[True]) == strip(outs[False])
+
+
+def test_a_stuck_output_never_blocks_the_hot_path_nor_grows_memory(monkeypatch):
+    import threading
+
+    from sglang.specprof import folder
+
+    monkeypatch.setattr(folder, "BACKLOG", 4)
+    gate = threading.Event()
+    b = FakeBackend()
+    p = Profiler(b, interval=5, sink=lambda s: gate.wait(), config={"num_steps": 3}, clock=b.clock,
+                 log_table=False, threaded=True)
+    for _ in range(200):  # the sink blocks at the first window; the cycles keep coming
+        run_cycle(p, b)
+    assert p.folder.dropped_batches > 0 and p.folder._q.qsize() <= 4
+    assert p.totals_now()["decode_cycles"] == 200  # the exact totals live on the hot path's side
+    gate.set()
+    assert p.flush()
+
+
+def test_jsonl_rotates_at_its_cap_so_a_disk_never_fills(fake, tmp_path):
+    p, b, out = fake
+    path = tmp_path / "prof.jsonl"
+    sink = JsonlSink(str(path), max_bytes=20_000)
+    p.sinks.append(sink)
+    for _ in range(101):
+        run_cycle(p, b)
+    assert sink.rotations >= 1
+    assert path.stat().st_size <= 20_000 and (tmp_path / "prof.jsonl.1").stat().st_size <= 20_000
+    older, _ = schema.read(str(tmp_path / "prof.jsonl.1"))
+    newer, _ = schema.read(str(path))
+    assert older[-1]["window"] + 1 == newer[0]["window"] and newer[-1]["window"] == 9
+
+
+def test_a_fifo_as_output_is_refused_at_startup(tmp_path):
+    import os
+
+    from sglang.specprof import server_args as spa
+
+    fifo = tmp_path / "out.fifo"
+    os.mkfifo(fifo)
+
+    class Args:
+        speculative_profile = True
+        speculative_algorithm = "EAGLE3"
+        speculative_profile_interval = 100
+        speculative_profile_output = str(fifo)
+
+    with pytest.raises(spa.SpecProfileArgError, match="is not a regular file"):
+        spa.validate(Args())  # returns at once: opening a FIFO for writing would block
+    with pytest.raises(OSError, match="not a regular file"):
+        JsonlSink(str(fifo))
+
+
+# Python calls into the profiler's own code per v2 decode cycle of 8 requests on the
+# scheduler's thread (hooks, reading the events, the commit), counted at the time of writing
+# plus a margin: a change that makes the hot path do more fails here, on any machine.
+HOT_PATH_CALLS = 28
+
+
+class CountingBackend(FakeBackend):
+    def __init__(self):
+        super().__init__()
+        self.ops = {"record": 0, "query": 0, "elapsed": 0}
+
+    def record(self, ev):
+        self.ops["record"] += 1
+        super().record(ev)
+
+    def query(self, ev):
+        self.ops["query"] += 1
+        return super().query(ev)
+
+    def elapsed(self, a, b):
+        self.ops["elapsed"] += 1
+        return super().elapsed(a, b)
+
+
+def test_the_hot_path_stays_small():
+    import sys
+
+    b = CountingBackend()
+    p = Profiler(b, interval=100, config={"num_steps": 3, "worker": "v2"}, clock=b.clock, log_table=False,
+                 threaded=True)
+    reqs = [Req(10**9) for _ in range(8)]
+    names = ["draft_prep", "draft_inputs", "draft", "draft_outputs", "tree", "verify_prep", "verify", "accept",
+             "draft_extend_prep", "draft_extend", "draft_extend_post"]
+
+    def cycles(n):
+        for _ in range(n):
+            p.begin("decode", 8)
+            for name in names:
+                b.advance(0.5)
+                p.mark(name)
+            p.end()
+            p.harvest([2] * 8)
+            p.commit_begin(reqs)
+            for r in reqs:
+                r.take(3)
+            p.commit_end()
+
+    cycles(300)
+    assert p.flush()
+    calls = [0]
+    here = ("/sglang/specprof/", "/sglang_specprof/")
+
+    def count(frame, event, arg):
+        if event == "call" and any(h in frame.f_code.co_filename for h in here):
+            calls[0] += 1
+
+    for k in b.ops:
+        b.ops[k] = 0
+    sys.setprofile(count)
+    try:
+        cycles(200)
+    finally:
+        sys.setprofile(None)
+    assert p.flush()
+    per = calls[0] / 200
+    assert per <= HOT_PATH_CALLS, f"{per:.1f} profiler calls a cycle on the scheduler's thread"
+    assert b.ops["record"] == 200 * 12 and b.ops["elapsed"] <= 200 * 13 and b.ops["query"] <= 200 * 2

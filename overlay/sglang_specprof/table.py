@@ -7,7 +7,8 @@ def _f(x, nd=3):
     return "-" if x is None else f"{x:.{nd}f}"
 
 
-def format_summary(s: dict) -> str:
+def format_summary(s: dict, pause=None) -> str:
+    """`pause`: called after each bucket (the folder's thread gives the GIL back there)."""
     cfg = s.get("config", {})
     lines = [
         f"window {s.get('window')} rank {s.get('rank')}: {s.get('decode_cycles')} decode cycles in "
@@ -67,6 +68,8 @@ def format_summary(s: dict) -> str:
                 is not None and p["host_ms"]["mean"] > p["gpu_ms"]["mean"] + 0.05]
         if slow:
             lines.append(f"    host time above GPU time (CPU work, or the host waiting on the device): {', '.join(slow)}")
+        if pause is not None:
+            pause()
     ranks = s.get("ranks")
     if ranks:
         for key, phases in ranks["buckets"].items():

@@ -361,10 +361,14 @@ class Window:
             return 0.0
         return max(0.0, self.last_host_s - self.first_host_s)
 
-    def summary(self, num_steps: int | None = None) -> dict:
-        """Tokens/s: committed tokens over the time the decode cycles took (idle time excluded)."""
-        buckets = {key: self.buckets[key].summary(num_steps)
-                   for key in sorted(self.buckets, key=lambda k: int(k.split("-")[0]))}
+    def summary(self, num_steps: int | None = None, pause=None) -> dict:
+        """Tokens/s: committed tokens over the time the decode cycles took (idle time excluded).
+        `pause`: called between buckets (the folder's thread gives the GIL back there)."""
+        buckets = {}
+        for key in sorted(self.buckets, key=lambda k: int(k.split("-")[0])):
+            buckets[key] = self.buckets[key].summary(num_steps)
+            if pause is not None:
+                pause()
         committed = sum(b.committed for b in self.buckets.values() if b.busy_seconds() > 0)
         busy = sum(b.busy_seconds() for b in self.buckets.values())
         return {"window": self.index, "decode_cycles": self.decode_cycles, "seconds": _r(busy),

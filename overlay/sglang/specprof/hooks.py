@@ -79,7 +79,7 @@ def install(server_args, tp_rank: int = 0, worker: str = "v2") -> None:
             folder = os.path.join(tempfile.gettempdir(), f"sglang-specprof-{getattr(server_args, 'port', 0)}")
             exchange = RankExchange(folder, tp_rank, config["tp_size"])
         P = Profiler(CudaBackend(), interval=server_args.speculative_profile_interval, sink=sinks,
-                     config=config, rank=tp_rank, log_table=(tp_rank == 0), exchange=exchange)
+                     config=config, rank=tp_rank, log_table=(tp_rank == 0), exchange=exchange, threaded=True)
         P.follow_gc()
         logger.info("speculative profile on (%s worker, window %d cycles%s)", worker,
                     server_args.speculative_profile_interval, f", JSONL {path}" if path else "")

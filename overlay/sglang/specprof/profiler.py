@@ -22,7 +22,9 @@ import time
 from collections import deque
 
 from sglang_specprof.schema import SCHEMA
-from sglang_specprof.window import Cycle, Window
+from sglang_specprof.window import Cycle
+
+from .folder import Folder
 
 logger = logging.getLogger("sglang.specprof")
 
@@ -50,7 +52,7 @@ def _visible(req) -> int:
 
 class _Slot:
     __slots__ = ("events", "host", "names", "n", "step_events", "ns", "kind", "bs", "ctx", "graph", "steps_key",
-                 "steps_replay", "steps_ms", "seq", "gc_ms")
+                 "steps_replay", "steps_ms", "seq", "gc_ms", "span")
 
     def __init__(self, backend):
         self.events = [backend.new_event() for _ in range(FIRST_MARKS)]
@@ -71,6 +73,7 @@ class _Slot:
         self.steps_ms = None
         self.seq = -1
         self.gc_ms = 0.0
+        self.span = 0.0
 
 
 class NullProfiler:
@@ -108,19 +111,6 @@ class NullProfiler:
     def harvest(self, correct_per_req=None):
         pass
 
-    def _drained(self, k):
-        t = self.totals
-        t["drain_cycles"] += 1
-        for i, (idx, win, bs, ms) in enumerate(self.charged):
-            if idx == k:
-                t["decode_gpu_ms"] -= ms
-                if win == self.window.index:
-                    self.window.uncharge(bs, ms)
-                del self.charged[i]
-                return
-        if k >= self.decode_read:
-            self.drain_pending.add(k)
-
     def commit_begin(self, reqs):
         pass
 
@@ -141,7 +131,7 @@ class Profiler(NullProfiler):
     enabled = True
 
     def __init__(self, backend, interval=100, sink=None, config=None, clock=time.perf_counter, rank=0,
-                 log_table=True, exchange=None):
+                 log_table=True, exchange=None, threaded=False):
         self.backend = backend
         self.interval = interval
         # callables given each window's summary: the JSONL writer, the Prometheus gauges
@@ -156,8 +146,13 @@ class Profiler(NullProfiler):
         self.cur: _Slot | None = None
         self.prev_done: _Slot | None = None  # kept until the next cycle is read, for the gap
         self.seq = 0
-        self.window = Window(0)
-        self.windows_done = 0
+        # Folding and window closes run in `folder` (a helper thread in the server); this
+        # thread only hands it each cycle's numbers, a few at a time.
+        self.folder = Folder(self.config.get("num_steps"), on_close=self._publish, on_error=self._fail,
+                             threaded=threaded)
+        self.items: list = []
+        self.window_index = 0
+        self.window_decode = 0  # decode cycles read into the open window
         self.dropped = 0
         self.steps_lost = 0
         self.marks_lost = 0  # phase or step marks past a cycle's room (never expected; counted, shown)
@@ -246,9 +241,16 @@ class Profiler(NullProfiler):
         if s is None:
             return
         try:
-            if name == "draft" and s.names[s.n - 1] == "draft":
+            n = s.n
+            if name == "draft" and s.names[n - 1] == "draft":
                 name = "draft_outputs"  # the graph replay closed `draft`: what follows it until here
-            self._record(s, name)
+            if n == len(s.events):
+                self._record(s, name)  # grows the slot, or counts the mark as lost
+                return
+            self.backend.record(s.events[n])  # _record, inline: the hot path's most frequent call
+            s.host[n] = self.clock()
+            s.names[n] = name
+            s.n = n + 1
         except Exception as e:
             self._fail(e)
 
@@ -398,8 +400,11 @@ class Profiler(NullProfiler):
                 else:
                     self._add_accept(correct)
             self._read_completed()
-            if self.window.decode_cycles >= self.interval:
+            if self.window_decode >= self.interval:
                 self._close_window()
+            elif len(self.items) >= 8:
+                self.folder.submit(self.items)
+                self.items = []
         except Exception as e:
             self._fail(e)
 
@@ -418,7 +423,7 @@ class Profiler(NullProfiler):
         t["verified_requests"] += len(correct)
         t["skipped_requests"] += skipped
         t["cut_tokens"] += sum(correct) + len(correct) - got
-        self.window.add_accept(correct, committed, skipped)
+        self.items.append(("accept", correct, committed, skipped))
 
     def _drained(self, k):
         t = self.totals
@@ -426,8 +431,8 @@ class Profiler(NullProfiler):
         for i, (idx, win, bs, ms) in enumerate(self.charged):
             if idx == k:
                 t["decode_gpu_ms"] -= ms
-                if win == self.window.index:
-                    self.window.uncharge(bs, ms)
+                if win == self.window_index:
+                    self.items.append(("uncharge", bs, ms))
                 del self.charged[i]
                 return
         if k >= self.decode_read:
@@ -445,7 +450,9 @@ class Profiler(NullProfiler):
                 self.uncut_cycles += 1
                 self._add_accept(correct)
                 return
-            before = [None if (r.finished() or r.is_retracted) else _visible(r) for r in reqs]
+            # what each request's client has (_visible, inline: this runs for every request)
+            before = [None if (r.finished() or r.is_retracted) else
+                      (len(r.output_ids) if r.finished_len is None else r.finished_len) for r in reqs]
             self.open_commit = (reqs, correct, before)
         except Exception as e:
             self._fail(e)
@@ -462,7 +469,8 @@ class Profiler(NullProfiler):
             for r, k, b in zip(reqs, correct, before):
                 if b is not None:
                     took.append(k)
-                    got.append(_visible(r) - b)
+                    n = r.finished_len
+                    got.append((len(r.output_ids) if n is None else n) - b)
             self._add_accept(took, got, len(reqs) - len(took))
         except Exception as e:
             self._fail(e)
@@ -515,9 +523,13 @@ class Profiler(NullProfiler):
         # after a prefill, or after the server sat idle, there is none to measure. On the GPU
         # it is the previous cycle's work and the GPU time between the two; on the host it
         # also holds whatever the scheduler waited for meanwhile (a prefill's results).
+        span = 0.0
+        for ph in phases:
+            span += ph[1]
+        s.span = span  # first mark to last, as the sum of the phases (no more elapsed calls)
         if p is not None and p.seq == s.seq - 1 and p.kind == "decode":
             gap = el(p.events[p.n - 1], ev[0])
-            gpu_period = el(p.events[0], ev[0])
+            gpu_period = p.span + gap
             period = (s.host[0] - p.host[0]) * 1000.0
         c = Cycle(kind=s.kind, bs=s.bs, context_tokens=s.ctx, phases=phases, steps_gpu_ms=steps, gap_gpu_ms=gap,
                   period_host_ms=period, graph=s.graph, host_start_s=s.host[0], host_offsets_ms=offsets,
@@ -530,7 +542,7 @@ class Profiler(NullProfiler):
                 sums[name] = sums.get(name, 0.0) + g
             # decode time: each cycle's own span, and the GPU time after a decode cycle
             # until this one (not after a prefill or an idle server)
-            ms = el(ev[0], ev[s.n - 1]) + (gap or 0.0)
+            ms = span + (gap or 0.0)
             k = self.decode_read
             self.decode_read = k + 1
             if k in self.drain_pending:
@@ -538,8 +550,9 @@ class Profiler(NullProfiler):
                 c.drained = True
             else:
                 t["decode_gpu_ms"] += ms
-                self.charged.append((k, self.window.index, s.bs, ms))
-        self.window.add_cycle(c, s.host[s.n - 1])
+                self.charged.append((k, self.window_index, s.bs, ms))
+            self.window_decode += 1
+        self.items.append(("cycle", c, s.host[s.n - 1]))
         if p is not None:
             self._recycle(p)
         self.prev_done = s
@@ -557,22 +570,28 @@ class Profiler(NullProfiler):
             self.prev_done = None
 
     def _close_window(self):
-        summary = self.window.summary(self.config.get("num_steps"))
-        summary.update({
+        """O(1) here: the window's fields that live on this thread go with the last items to
+        the folder, which closes the window and runs the outputs (`_publish`)."""
+        self.items.append(("close", {
             "schema": SCHEMA,
             "rank": self.rank,
             "time": round(time.time(), 3),
             "config": self.config,
             "graphs": {"draft_replays": sum(self.replays.values()), "eager": dict(self.eager),
-                       "capture_s": self.capture_s},
+                       "capture_s": {k: dict(v) for k, v in self.capture_s.items()}},
             "dropped_cycles": self.dropped,
             "steps_lost": self.steps_lost,
             "marks_lost": self.marks_lost,
             "uncut_cycles": self.uncut_cycles,
             "totals": self.totals_now(),
-        })
-        self.windows_done += 1
-        self.window = Window(self.windows_done)
+        }))
+        self.folder.submit(self.items)
+        self.items = []
+        self.window_index += 1
+        self.window_decode = 0
+
+    def _publish(self, summary):
+        """A closed window (on the folder's thread): the rank spread, the log, the sinks."""
         if self.exchange is not None:
             try:
                 self.exchange.publish(summary)
@@ -583,16 +602,34 @@ class Profiler(NullProfiler):
                                self.exchange.folder, e.strerror)
                 self.exchange = None
         self._latest = summary
+        pause = self.folder.pause
         if self.log_table:
             from sglang_specprof.table import format_summary
-            logger.info("speculative profile\n%s", format_summary(summary))
+            logger.info("speculative profile\n%s", format_summary(summary, pause))
         for sink in list(self.sinks):
+            pause()
             try:
                 sink(summary)
             except Exception as e:  # a broken output must not stop the profiler
                 self.sinks.remove(sink)
                 logger.warning("speculative profile: %s failed (%s: %s) and is switched off.",
                                type(sink).__name__, type(e).__name__, e)
+
+    @property
+    def window(self):
+        """The open window (inline: with every item held; threaded: up to the last batch
+        folded, see `flush`)."""
+        if not self.folder.threaded and self.items:
+            self.folder.submit(self.items)
+            self.items = []
+        return self.folder.window
+
+    def flush(self, timeout: float = 10.0) -> bool:
+        """Hand over what is held and wait until it is folded (tests, benchmarks)."""
+        if self.items:
+            self.folder.submit(self.items)
+            self.items = []
+        return self.folder.flush(timeout)
 
     def latest(self):
         return self._latest

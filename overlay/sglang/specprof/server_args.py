@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import stat
 
 # NEXTN is SGLang's name for EAGLE on MTP layers: 0.5.8 checks the flag before it renames it.
 PROFILED_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN")
@@ -73,6 +74,9 @@ def validate(args) -> None:
             raise SpecProfileArgError(f"--speculative-profile-output {path} is a folder; give a file path.")
         if not os.path.isdir(folder):
             raise SpecProfileArgError(f"--speculative-profile-output {path}: the folder {folder} does not exist.")
+        if os.path.exists(path) and not stat.S_ISREG(os.stat(path).st_mode):
+            # a FIFO or a device would block the server or take its writes away: refuse it
+            raise SpecProfileArgError(f"--speculative-profile-output {path} is not a regular file; give a file path.")
         try:
             with open(path, "a"):
                 pass
