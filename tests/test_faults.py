@@ -238,8 +238,8 @@ def serve(n_cycles, backend):
 @pytest.mark.parametrize("method", BACKEND_METHODS)
 def test_exception_at_every_hook_point_disables_with_one_warning(method, monkeypatch, caplog):
     b = Faulty()
-    monkeypatch.setattr(hooks, "P", Profiler(b, interval=5, clock=b.clock, log_table=False))
-    monkeypatch.setitem(profiler_mod._state, "warned", False)
+    monkeypatch.setattr(hooks, "P", Profiler(b, interval=5, clock=b.clock, log_table=False, on_error=hooks.disable))
+    monkeypatch.setitem(hooks._state, "warned", False)
     b.method = method
     with caplog.at_level("WARNING", logger="sglang.specprof"):
         got = serve(30, b)

@@ -325,9 +325,9 @@ class Boom(FakeBackend):
 
 def test_an_internal_error_disables_the_profiler_with_one_warning(caplog, monkeypatch):
     b = Boom()
-    p = Profiler(b, interval=10, clock=b.clock, log_table=False)
+    p = Profiler(b, interval=10, clock=b.clock, log_table=False, on_error=hooks.disable)
     monkeypatch.setattr(hooks, "P", p)
-    monkeypatch.setitem(profiler_mod._state, "warned", False)
+    monkeypatch.setitem(hooks._state, "warned", False)
     with caplog.at_level(logging.WARNING, logger="sglang.specprof"):
         for _ in range(3):
             hooks.P.begin("decode", 1)  # the worker's call: it must not raise
@@ -823,3 +823,29 @@ def test_the_hot_path_stays_small():
     per = calls[0] / 200
     assert per <= HOT_PATH_CALLS, f"{per:.1f} profiler calls a cycle on the scheduler's thread"
     assert b.ops["record"] == 200 * 12 and b.ops["elapsed"] <= 200 * 13 and b.ops["query"] <= 200 * 2
+
+
+@pytest.mark.parametrize("given, rank1", [
+    ("prof.jsonl", "prof.rank1.jsonl"),
+    ("./profile", "./profile.rank1"),
+    ("run.v2/profile", "run.v2/profile.rank1"),
+    ("/tmp/a.b/c.jsonl", "/tmp/a.b/c.rank1.jsonl"),
+    (".hidden", ".hidden.rank1"),
+])
+def test_each_tp_rank_writes_beside_the_given_path(given, rank1):
+    from sglang.specprof.jsonl import rank_path
+
+    assert rank_path(given, 1) == rank1
+
+
+def test_the_startup_check_leaves_no_empty_file_behind(tmp_path):
+    from sglang.specprof import server_args as spa
+
+    class Args:
+        speculative_profile = True
+        speculative_algorithm = "EAGLE3"
+        speculative_profile_interval = 100
+        speculative_profile_output = str(tmp_path / "prof.jsonl")
+
+    spa.validate(Args())
+    assert not (tmp_path / "prof.jsonl").exists()

@@ -15,6 +15,19 @@ from .profiler import NullProfiler
 logger = logging.getLogger("sglang.specprof")
 
 P = NullProfiler()
+_state = {"warned": False}
+
+
+def disable(reason: str) -> None:
+    """An internal error in the profiler: the null profiler takes its place, one warning."""
+    global P
+    if not _state["warned"]:
+        _state["warned"] = True
+        logger.warning("speculative profile disabled after an internal error (%s); the server keeps serving.", reason)
+    old, P = P, NullProfiler()
+    close = getattr(old, "close", None)
+    if close is not None:
+        close()
 
 
 def _resolved(server_args):
@@ -38,7 +51,7 @@ def install(server_args, tp_rank: int = 0, worker: str = "v2") -> None:
     try:
         server_args = _resolved(server_args)
         from .cuda_backend import CudaBackend
-        from .jsonl import JsonlSink
+        from .jsonl import JsonlSink, rank_path
         from .profiler import Profiler
 
         config = {
@@ -60,8 +73,7 @@ def install(server_args, tp_rank: int = 0, worker: str = "v2") -> None:
         path = server_args.speculative_profile_output
         if path:
             if config["tp_size"] > 1:
-                stem, dot, ext = path.rpartition(".")
-                path = f"{stem}.rank{tp_rank}.{ext}" if dot else f"{path}.rank{tp_rank}"
+                path = rank_path(path, tp_rank)
             sinks.append(JsonlSink(path))
         if getattr(server_args, "enable_metrics", False):
             try:
@@ -79,7 +91,7 @@ def install(server_args, tp_rank: int = 0, worker: str = "v2") -> None:
             folder = os.path.join(tempfile.gettempdir(), f"sglang-specprof-{getattr(server_args, 'port', 0)}")
             exchange = RankExchange(folder, tp_rank, config["tp_size"])
         P = Profiler(CudaBackend(), interval=server_args.speculative_profile_interval, sink=sinks,
-                     config=config, rank=tp_rank, log_table=(tp_rank == 0), exchange=exchange, threaded=True)
+                     config=config, rank=tp_rank, log_table=(tp_rank == 0), exchange=exchange, threaded=True, on_error=disable)
         P.follow_gc()
         logger.info("speculative profile on (%s worker, window %d cycles%s)", worker,
                     server_args.speculative_profile_interval, f", JSONL {path}" if path else "")

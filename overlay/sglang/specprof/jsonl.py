@@ -18,6 +18,14 @@ logger = logging.getLogger("sglang.specprof")
 DEFAULT_MAX_MB = 256
 
 
+def rank_path(path: str, rank: int) -> str:
+    """Each TP rank's file: `.rankN` before the file name's extension (`prof.jsonl` ->
+    `prof.rank0.jsonl`, `./profile` -> `./profile.rank0`); folders are left alone."""
+    folder, name = os.path.split(path)
+    stem, ext = os.path.splitext(name)
+    return os.path.join(folder, f"{stem}.rank{rank}{ext}")
+
+
 def max_bytes_from_env() -> int:
     raw = os.environ.get("SGLANG_SPECPROF_OUTPUT_MAX_MB", "")
     try:

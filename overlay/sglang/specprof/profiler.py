@@ -76,6 +76,34 @@ class _Slot:
         self.span = 0.0
 
 
+class RankSpreadSink:
+    """tp > 1: publish this rank's window; on rank 0, add the spread across ranks (`ranks`)."""
+
+    def __init__(self, exchange, rank):
+        self.exchange, self.rank = exchange, rank
+
+    def __call__(self, summary):
+        try:
+            self.exchange.publish(summary)
+            if self.rank == 0:
+                summary["ranks"] = self.exchange.collect(summary)
+        except OSError as e:
+            raise OSError(f"the rank exchange in {self.exchange.folder} ({e.strerror}); no spread across "
+                          f"ranks") from None
+
+
+class LogTableSink:
+    """The window's table in the server log (TP rank 0)."""
+
+    def __init__(self, profiler):
+        self.profiler = profiler
+
+    def __call__(self, summary):
+        from sglang_specprof.table import format_summary
+
+        logger.info("speculative profile\n%s", format_summary(summary, self.profiler.folder.pause))
+
+
 class NullProfiler:
     """What the hooks call when --speculative-profile is off: each method does nothing."""
 
@@ -131,11 +159,16 @@ class Profiler(NullProfiler):
     enabled = True
 
     def __init__(self, backend, interval=100, sink=None, config=None, clock=time.perf_counter, rank=0,
-                 log_table=True, exchange=None, threaded=False):
+                 log_table=True, exchange=None, threaded=False, on_error=None):
         self.backend = backend
         self.interval = interval
-        # callables given each window's summary: the JSONL writer, the Prometheus gauges
-        self.sinks = [] if sink is None else list(sink) if isinstance(sink, (list, tuple)) else [sink]
+        self.on_error = on_error
+        self.broken = False
+        # callables given each window's summary, in order: the rank spread (it adds `ranks`),
+        # the log table, then the given ones (the JSONL writer, the Prometheus gauges)
+        given = [] if sink is None else list(sink) if isinstance(sink, (list, tuple)) else [sink]
+        self.sinks = ([RankSpreadSink(exchange, rank)] if exchange is not None else []) + (
+            [LogTableSink(self)] if log_table else []) + given
         self.config = dict(config or {})
         self.clock = clock
         self.rank = rank
@@ -214,6 +247,8 @@ class Profiler(NullProfiler):
     # -- hot path -------------------------------------------------------------------
     def begin(self, kind, bs, ctx=None):
         """A cycle of `bs` requests starts; `ctx`: the sum of their sequence lengths (KV tokens)."""
+        if self.broken:
+            return
         try:
             if self.capturing_key is not None:
                 self._capture_done()
@@ -591,21 +626,10 @@ class Profiler(NullProfiler):
         self.window_decode = 0
 
     def _publish(self, summary):
-        """A closed window (on the folder's thread): the rank spread, the log, the sinks."""
-        if self.exchange is not None:
-            try:
-                self.exchange.publish(summary)
-                if self.rank == 0:
-                    summary["ranks"] = self.exchange.collect(summary)
-            except OSError as e:
-                logger.warning("speculative profile: rank exchange in %s failed (%s); no spread across ranks.",
-                               self.exchange.folder, e.strerror)
-                self.exchange = None
+        """A closed window (on the folder's thread): each sink in turn; one that fails is
+        dropped with a warning and the others go on."""
         self._latest = summary
         pause = self.folder.pause
-        if self.log_table:
-            from sglang_specprof.table import format_summary
-            logger.info("speculative profile\n%s", format_summary(summary, pause))
         for sink in list(self.sinks):
             pause()
             try:
@@ -644,20 +668,15 @@ class Profiler(NullProfiler):
 
     # -- failure ----------------------------------------------------------------------
     def _fail(self, e):
+        """Any internal error: this profiler stops, and `on_error` (the hooks' `disable`,
+        which puts the null profiler in its place) hears why; without one, a warning."""
         first = (str(e).strip().splitlines() or [""])[0]
-        disable(f"{type(e).__name__}: {first}")
-
-
-# The process's profiler; hooks call `hooks.P.<method>`, so switching it is one assignment.
-_state = {"warned": False}
-
-
-def disable(reason: str) -> None:
-    from . import hooks
-
-    if not _state["warned"]:
-        _state["warned"] = True
-        logger.warning("speculative profile disabled after an internal error (%s); the server keeps serving.", reason)
-    old, hooks.P = hooks.P, NullProfiler()
-    if isinstance(old, Profiler):
-        old.close()
+        reason = f"{type(e).__name__}: {first}"
+        if self.broken:
+            return
+        self.broken = True
+        self.cur = None
+        if self.on_error is not None:
+            self.on_error(reason)
+        else:
+            logger.warning("speculative profile disabled after an internal error (%s).", reason)

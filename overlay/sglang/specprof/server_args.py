@@ -77,9 +77,12 @@ def validate(args) -> None:
         if os.path.exists(path) and not stat.S_ISREG(os.stat(path).st_mode):
             # a FIFO or a device would block the server or take its writes away: refuse it
             raise SpecProfileArgError(f"--speculative-profile-output {path} is not a regular file; give a file path.")
+        existed = os.path.exists(path)
         try:
             with open(path, "a"):
                 pass
+            if not existed:  # only a check: with tp > 1 each rank writes its own file beside it
+                os.remove(path)
         except OSError as e:
             raise SpecProfileArgError(f"--speculative-profile-output {path} is not writable: {e.strerror}.") from None
 
