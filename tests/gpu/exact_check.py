@@ -154,7 +154,7 @@ def client_decode_seconds(done, merge_s=0.0015):
     return max(0.0, span - stall)
 
 
-def judge(name, recs, before, after, windows, ttft_s):
+def judge(name, recs, before, after, windows):
     errors = [r["error"] for r in recs if r.get("error")]
     t0 = min((r["sent"] for r in recs), default=0.0)
     done = [r for r in recs if r.get("meta")]
@@ -264,7 +264,7 @@ def main():
                 time.sleep(1.0)
                 after = totals(port)
                 windows = [json.loads(x) for x in open(prof)][nlines:] if os.path.exists(prof) else []
-                r = judge(lname, recs, before, after, windows, ttft if kw.get("n", 1) > 1 else 0.0)
+                r = judge(lname, recs, before, after, windows)
                 entry["loads"].append(r)
                 print(name, json.dumps(r), flush=True)
             if a.trace == name:

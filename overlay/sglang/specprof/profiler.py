@@ -44,12 +44,6 @@ def _context(ctx):
     return None
 
 
-def _visible(req) -> int:
-    """Output tokens of a request that reach its client: up to the stop, as upstream sends them."""
-    n = req.finished_len
-    return len(req.output_ids) if n is None else n
-
-
 class _Slot:
     __slots__ = ("events", "host", "names", "n", "step_events", "ns", "kind", "bs", "ctx", "graph", "steps_key",
                  "steps_replay", "steps_ms", "seq", "gc_ms", "span")
@@ -172,8 +166,6 @@ class Profiler(NullProfiler):
         self.config = dict(config or {})
         self.clock = clock
         self.rank = rank
-        self.log_table = log_table
-        self.exchange = exchange  # ranks.RankExchange with tp > 1
         self.free = deque(_Slot(backend) for _ in range(POOL))
         self.pending: deque[_Slot] = deque()
         self.cur: _Slot | None = None
@@ -438,8 +430,7 @@ class Profiler(NullProfiler):
             if self.window_decode >= self.interval:
                 self._close_window()
             elif len(self.items) >= 8:
-                self.folder.submit(self.items)
-                self.items = []
+                self._hand_over()
         except Exception as e:
             self._fail(e)
 
@@ -485,7 +476,7 @@ class Profiler(NullProfiler):
                 self.uncut_cycles += 1
                 self._add_accept(correct)
                 return
-            # what each request's client has (_visible, inline: this runs for every request)
+            # what each request's client has: its output up to the stop, as upstream sends it
             before = [None if (r.finished() or r.is_retracted) else
                       (len(r.output_ids) if r.finished_len is None else r.finished_len) for r in reqs]
             self.open_commit = (reqs, correct, before)
@@ -620,10 +611,15 @@ class Profiler(NullProfiler):
             "uncut_cycles": self.uncut_cycles,
             "totals": self.totals_now(),
         }))
-        self.folder.submit(self.items)
-        self.items = []
+        self._hand_over()
         self.window_index += 1
         self.window_decode = 0
+
+    def _hand_over(self):
+        """The items held on this thread go to the folder as one batch."""
+        if self.items:
+            self.folder.submit(self.items)
+            self.items = []
 
     def _publish(self, summary):
         """A closed window (on the folder's thread): each sink in turn; one that fails is
@@ -643,16 +639,13 @@ class Profiler(NullProfiler):
     def window(self):
         """The open window (inline: with every item held; threaded: up to the last batch
         folded, see `flush`)."""
-        if not self.folder.threaded and self.items:
-            self.folder.submit(self.items)
-            self.items = []
+        if not self.folder.threaded:
+            self._hand_over()
         return self.folder.window
 
     def flush(self, timeout: float = 10.0) -> bool:
         """Hand over what is held and wait until it is folded (tests, benchmarks)."""
-        if self.items:
-            self.folder.submit(self.items)
-            self.items = []
+        self._hand_over()
         return self.folder.flush(timeout)
 
     def latest(self):
