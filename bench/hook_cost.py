@@ -8,8 +8,8 @@ inside the hooks (median of --reps runs of --cycles; also the p99 and the longes
 That is the most the profiler can slow a cycle whose host work is on the critical path.
 
 `--threaded` folds and closes windows on the helper thread, as the server does; then
-`--wait-us` spins that long between cycles outside the timed calls with the GIL released,
-as the scheduler waits for the GPU, so the helper's work can fall there. `--buckets`
+`--wait-us` spins that long between `end` and `harvest` (untimed) with the GIL released, as
+the v2 scheduler waits there for the GPU, so the reader's work can fall there. `--buckets`
 spreads the cycles over that many batch-size buckets (a window close costs more with more).
 
     python bench/hook_cost.py [--cycles 5000] [--reps 7] [--cpu] [--threaded --wait-us 2000]
@@ -53,6 +53,9 @@ class CpuBackend:
     def elapsed(self, a, b):
         return b.t - a.t
 
+    query_captured = query
+    elapsed_captured = elapsed
+
     def capturing(self):
         return False
 
@@ -86,7 +89,7 @@ def gpu_wait(seconds):
 
 
 def run(p, cycles, sync, bs=8, buckets=1, wait_s=0.0):
-    """Microseconds inside the hooks for each cycle."""
+    """Microseconds inside the hooks for each cycle (the wait for the GPU not counted)."""
     reqs = {n: [Req() for _ in range(n)] for n in BUCKET_BS}
     sizes = [bs] if buckets <= 1 else BUCKET_BS[:buckets]
     clock = time.perf_counter
@@ -101,16 +104,18 @@ def run(p, cycles, sync, bs=8, buckets=1, wait_s=0.0):
         for m in MARKS:
             p.mark(m)
         p.end()
+        spent = clock() - t
+        if wait_s:  # v2: after launching a cycle the scheduler waits for the one before
+            gpu_wait(wait_s)
+        t = clock()
         p.harvest(correct)
         p.commit_begin(rs)
         for r in rs:  # the scheduler appends each run (not timed as the profiler's)
             pass
         p.commit_end()
-        out.append((clock() - t) * 1e6)
+        out.append((spent + clock() - t) * 1e6)
         for r in rs:
             r.output_ids.extend((0, 0, 0))
-        if wait_s:
-            gpu_wait(wait_s)
     sync()
     return out
 
@@ -122,7 +127,9 @@ def main():
     ap.add_argument("--bs", type=int, default=8)
     ap.add_argument("--buckets", type=int, default=1, help="batch-size buckets the cycles cycle through (1-6)")
     ap.add_argument("--threaded", action="store_true", help="fold and close windows on the helper thread")
-    ap.add_argument("--wait-us", type=float, default=0.0, help="sleep between cycles (the GPU wait), untimed")
+    ap.add_argument("--wait-us", type=float, default=0.0,
+                    help="between end and harvest, spin this long with the GIL released (the GPU wait), untimed")
+    ap.add_argument("--torch-events", action="store_true", help="torch's events, not cuda.bindings")
     ap.add_argument("--cpu", action="store_true",
                     help="no GPU: events that cost nothing, so only the profiler's Python is timed")
     a = ap.parse_args()
@@ -139,6 +146,11 @@ def main():
 
         torch.cuda.set_stream(torch.cuda.Stream())  # a stream of its own, as the scheduler's forward stream
         backend, sync, device = CudaBackend(), torch.cuda.synchronize, torch.cuda.get_device_name()
+        if a.torch_events:
+            backend._d = None
+            backend.kind = "torch"
+            backend._streams.clear()
+            backend.refresh()
     on = Profiler(backend, interval=100, config=config, threaded=a.threaded)
     off = NullProfiler()
     kw = dict(bs=a.bs, buckets=a.buckets, wait_s=a.wait_us / 1e6)
@@ -152,12 +164,17 @@ def main():
             tails[name].append((sorted(us)[int(0.99 * len(us))], max(us)))
         if a.threaded:
             on.flush()
+    on.flush()
     out = {k: round(statistics.median(v), 2) for k, v in res.items()}
+    # every cycle read in the end, none dropped: the reader kept up
+    out["cycles_read"] = on.totals_now()["decode_cycles"]
+    out["cycles_run"] = 500 + a.reps * a.cycles
+    out["cycles_untimed"] = on.dropped + on.read_dropped
     out["added_us_per_cycle"] = round(out["on"] - out["off"], 2)
     out["on_p99_us"] = round(statistics.median(t[0] for t in tails["on"]), 2)
     out["on_max_us"] = round(max(t[1] for t in tails["on"]), 1)
     out["runs_us"] = {k: [round(x, 2) for x in v] for k, v in res.items()}
-    out.update(device=device or "cpu", threaded=a.threaded, wait_us=a.wait_us, buckets=a.buckets, bs=a.bs)
+    out.update(device=device or "cpu", events=getattr(backend, "kind", "none"), threaded=a.threaded, wait_us=a.wait_us, buckets=a.buckets, bs=a.bs)
     print(json.dumps(out))
 
 

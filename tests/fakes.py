@@ -61,5 +61,11 @@ class FakeBackend:
         assert a.done and b.done, "elapsed_time on an incomplete event would raise on a GPU"
         return b.t - a.t
 
+    def query_captured(self, ev):
+        return self.query(ev)
+
+    def elapsed_captured(self, a, b):
+        return self.elapsed(a, b)
+
     def capturing(self):
         return self.capture

@@ -1,13 +1,18 @@
-"""Folding cycles into summary windows, and closing windows, off the scheduler's thread.
+"""Reading cycles, folding them into summary windows, and the outputs, off the scheduler's thread.
 
-The profiler's hot path only reads a cycle's events and hands the numbers here in small
-batches (`submit`); folding them into the window's statistics, closing the window (the
-summary, the advisor, the log table, the JSONL and Prometheus sinks, the rank exchange)
-runs on a helper thread. The helper gives the GIL back between every few items
-(`time.sleep(0)`), so the scheduler's thread waits at most one item's work for it, and
-most of the helper's work falls where the scheduler waits on the GPU with the GIL released.
+The profiler's hot path records the events and hands each cycle's slot here (`submit`); a
+reader thread waits for its events, reads them, folds the numbers into the window and
+closes windows (the summary, the advisor); an outputs thread runs the sinks (the log
+table, the JSONL, Prometheus, the rank exchange), so an output that blocks stops nothing
+else.
 
-Inline (`threaded=False`, the tests' default) runs each batch at once on the caller's
+Both threads work while the scheduler's thread waits for the GPU (the `Gate`: the profiler
+opens it where the worker goes to wait, and shuts it where the wait ends), so their Python
+does not take the GIL while the scheduler has work of its own. The reader works regardless
+when it falls behind (few free slots left) or when nothing opened the gate for IDLE_S (an
+idle server), and both give the GIL back between steps (`time.sleep(0)`).
+
+Inline (`threaded=False`, the tests' default) runs everything at once on the caller's
 thread, with the same code.
 """
 
@@ -17,81 +22,216 @@ import logging
 import queue
 import threading
 import time
+from collections import deque
 
 from sglang_specprof.window import Window
 
 logger = logging.getLogger("sglang.specprof")
 
-YIELD_EVERY = 2  # items folded between two hand-backs of the GIL (each item is tens of microseconds)
-BACKLOG = 256  # batches waiting at most; beyond, a batch is dropped and counted
+BACKLOG = 256  # windows waiting for the outputs at most; beyond, a window's outputs are dropped and counted
+IDLE_S = 0.02  # with the gate shut this long, the server is idle (or busy on the host alone): work anyway
+
+
+class Gate:
+    """Open while the scheduler's thread waits for the GPU with the GIL released."""
+
+    def __init__(self):
+        self.is_open = False
+        self._ev = threading.Event()
+
+    def open(self):
+        self.is_open = True
+        ev = self._ev
+        if not ev.is_set():
+            ev.set()
+
+    def shut(self):
+        self.is_open = False
+
+    def wait(self, timeout=IDLE_S) -> bool:
+        """On a helper: until the gate opens (True) or `timeout` passes (False)."""
+        if self.is_open:
+            return True
+        self._ev.clear()
+        if self.is_open:
+            return True
+        return self._ev.wait(timeout)
 
 
 class Folder:
-    def __init__(self, num_steps=None, on_close=None, on_error=None, threaded=False):
+    def __init__(self, reader, interval, num_steps=None, on_close=None, on_error=None, threaded=False):
+        self.reader = reader  # reads a slot's events (the profiler)
+        # window w holds the decode cycles w * interval to (w + 1) * interval - 1: the
+        # profiler closes it after that many acceptance lists, which come after their cycles
+        self.interval = interval
+        self.early: list = []  # cycles read before their window opened, added when it does
         self.num_steps = num_steps
         self.window = Window(0)
-        self.on_close = on_close  # called with each closed window's summary (on the helper)
-        self.on_error = on_error  # called with an exception the folding raised
-        self.dropped_batches = 0
+        self.on_close = on_close  # called with each closed window's summary (on the outputs thread)
+        self.on_error = on_error  # called with an exception the reading or folding raised
+        self.dropped_batches = 0  # windows whose outputs were dropped: the outputs were stuck
         self.threaded = threaded
-        # between steps of a window close: hand the GIL back to the scheduler's thread
+        self.gate = Gate()
+        self._items: deque = deque()  # handed over, not yet folded
+        self._urgent = 0  # flushes waiting: work regardless of the gate
         self.pause = (lambda: time.sleep(0)) if threaded else (lambda: None)
-        self._q: queue.Queue | None = None
+        self._wake = threading.Event()
+        self._lock = threading.Lock()  # held by whoever folds an item: the reader, or the scheduler helping
+        self._out: queue.Queue | None = None
         if threaded:
-            self._q = queue.Queue()
-            self._thread = threading.Thread(target=self._run, name="specprof-folder", daemon=True)
+            self._out = queue.Queue()
+            self._thread = threading.Thread(target=self._run, name="specprof-reader", daemon=True)
             self._thread.start()
+            self._out_thread = threading.Thread(target=self._run_outputs, name="specprof-outputs", daemon=True)
+            self._out_thread.start()
 
     def submit(self, items: list) -> None:
-        """A batch of ("cycle", Cycle, end_host_s) / ("accept", correct, committed, skipped) /
-        ("uncharge", bs, ms) / ("close", extra fields) items, in order."""
-        if self._q is None:
-            self._fold(items, yield_gil=False)
-        elif self._q.qsize() >= BACKLOG:  # the helper is stuck (a blocked output): never grow
-            self.dropped_batches += 1
-        else:
-            self._q.put(items)
+        """A batch of ("slot", slot) / ("accept", correct, committed, skipped) / ("lost", kind)
+        / ("close", extra fields) items, in order."""
+        self._items.extend(items)
+        if not self.threaded:
+            self._fold(yield_gil=False)
+        elif not self._wake.is_set():
+            self._wake.set()
 
-    def flush(self, timeout: float = 10.0) -> bool:
-        """Wait until every submitted batch is folded (tests, shutdown). True when it was."""
-        if self._q is None:
+    def flush(self, timeout: float = 10.0, outputs: bool = True) -> bool:
+        """Wait until every submitted item whose events completed is folded and (`outputs`)
+        every closed window's outputs ran (tests, /server_info, shutdown). True when they were."""
+        if not self.threaded:
+            self._fold(yield_gil=False)
             return True
         done = threading.Event()
-        self._q.put(done)
-        return done.wait(timeout)
-
-    def _run(self):
-        while True:
-            items = self._q.get()
-            if isinstance(items, threading.Event):
-                items.set()
-                continue
-            self._fold(items, yield_gil=True)
-
-    def _fold(self, items, yield_gil):
+        self._urgent += 1
         try:
-            w = self.window
-            for i, it in enumerate(items):
-                kind = it[0]
-                if kind == "cycle":
-                    w.add_cycle(it[1], it[2])
-                elif kind == "accept":
-                    w.add_accept(it[1], it[2], it[3])
-                elif kind == "uncharge":
-                    w.uncharge(it[1], it[2])
-                elif kind == "close":
-                    self._close(it[1])
-                    w = self.window
-                if yield_gil and i % YIELD_EVERY == YIELD_EVERY - 1:
-                    time.sleep(0)
-        except Exception as e:  # never take the server down
+            self._items.append(("flush", done, outputs))
+            self._wake.set()
+            self.gate.open()
+            return done.wait(timeout)
+        finally:
+            self._urgent -= 1
+
+    def help(self, most: int = 16) -> None:
+        """On the scheduler's thread, when the reader falls behind (it got no turn: a host
+        that never waits for the GPU): fold up to `most` items here, so no cycle is lost."""
+        if self._lock.acquire(timeout=0.002):  # the reader finishes its item (the GIL is released here)
+            try:
+                self._fold(yield_gil=False, most=most)
+            finally:
+                self._lock.release()
+
+    # -- the reader thread ------------------------------------------------------------
+    def _run(self):
+        try:
+            self.reader.attach()
+        except Exception as e:
             if self.on_error is not None:
                 self.on_error(e)
+            return
+        while True:
+            self._wake.wait(IDLE_S if self._items else None)
+            self._wake.clear()
+            if self._items:
+                self._fold(yield_gil=True)
+
+    def _wait_turn(self) -> None:
+        """Until the reader may take the GIL: the gate is open, a flush waits, the reader is
+        behind, or the gate stayed shut for IDLE_S (nothing waits on the GPU)."""
+        if not (self.gate.is_open or self._urgent or self.reader.behind()):
+            self.gate.wait()
+
+    def _fold(self, yield_gil, most=None):
+        if yield_gil:  # the reader: the lock is taken for each item
+            while self._items:
+                self._wait_turn()
+                with self._lock:
+                    if not self._fold_one(True):
+                        return
+                time.sleep(0)
+        else:
+            n = 0
+            while self._items and (most is None or n < most):
+                if not self._fold_one(False):
+                    return
+                n += 1
+
+    def _fold_one(self, yield_gil) -> bool:
+        """The next item; False when there is none, or it waits for its events."""
+        items = self._items
+        r = self.reader
+        try:
+            while items:
+                it = items[0]
+                kind = it[0]
+                if kind == "slot":
+                    s = it[1]
+                    if not r.slot_ready(s):
+                        if r.slot_stuck():
+                            r.slot_drop(s)
+                            items.popleft()
+                            continue
+                        if yield_gil and self._urgent:  # the events will complete: wait a little
+                            time.sleep(0.0005)
+                            continue
+                        return False  # read at the next hand-over
+                    w = self.window
+                    if s.kind == "decode" and r.decode_read >= (w.index + 1) * self.interval:
+                        self.early.append(r.slot_read(s, w.index + 1))
+                    else:
+                        w.add_cycle(*r.slot_read(s, w.index))
+                elif kind == "accept":
+                    un = r.settle(it[1], it[3], self.window.index)
+                    if un is not None:
+                        self.window.uncharge(*un)
+                    self.window.add_accept(it[1], it[2], it[3])
+                elif kind == "lost":
+                    r.lost(it[1])
+                elif kind == "close":
+                    self._close(it[1])
+                elif kind == "flush":
+                    items.popleft()
+                    if self._out is not None and it[2]:
+                        self._out.put(it[1])  # set once the outputs before it ran
+                    else:
+                        it[1].set()
+                    continue
+                items.popleft()
+                return True
+            return False
+        except Exception as e:  # never take the server down
+            items.clear()
+            if self.on_error is not None:
+                self.on_error(e)
+            return False
 
     def _close(self, extra: dict) -> None:
         summary = self.window.summary(self.num_steps, self.pause)
+        self.reader.close_fields(extra)
         summary.update(extra)
         summary["backlog_dropped"] = self.dropped_batches
         self.window = Window(self.window.index + 1)
-        if self.on_close is not None:
-            self.on_close(summary)
+        for c, end in self.early:
+            self.window.add_cycle(c, end)
+        self.early.clear()
+        if self._out is None:
+            if self.on_close is not None:
+                self.on_close(summary)
+        elif self._out.qsize() >= BACKLOG:  # the outputs are stuck (a blocked file): never grow
+            self.dropped_batches += 1
+        else:
+            self._out.put(summary)
+
+    # -- the outputs thread -----------------------------------------------------------
+    def _run_outputs(self):
+        while True:
+            summary = self._out.get()
+            if isinstance(summary, threading.Event):
+                summary.set()
+                continue
+            if not self._urgent:
+                self.gate.wait(IDLE_S)
+            try:
+                if self.on_close is not None:
+                    self.on_close(summary)
+            except Exception as e:
+                if self.on_error is not None:
+                    self.on_error(e)

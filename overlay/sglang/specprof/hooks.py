@@ -103,8 +103,9 @@ def install(server_args, tp_rank: int = 0, worker: str = "v2") -> None:
 def internal_state() -> dict:
     """The key added to /server_info's internal_states.
 
-    Runs on the scheduler's thread, between batches: it first reads the cycles whose events
-    have completed (no waiting), so `totals` covers every cycle up to the last finished one.
+    Runs on the scheduler's thread, between batches: it first lets the reader read the cycles
+    whose events have completed (50 ms at most), so `totals` covers every cycle up to the last
+    finished one.
     """
-    P.harvest()
+    P.catch_up()
     return {"enabled": P.enabled, "latest": P.latest(), "totals": P.totals_now()}

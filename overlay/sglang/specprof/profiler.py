@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import threading
 import time
 from collections import deque
 
@@ -145,6 +146,9 @@ class NullProfiler:
     def latest(self):
         return None
 
+    def catch_up(self, timeout=0.05):
+        pass
+
     def totals_now(self):
         return None
 
@@ -166,47 +170,59 @@ class Profiler(NullProfiler):
         self.config = dict(config or {})
         self.clock = clock
         self.rank = rank
-        self.free = deque(_Slot(backend) for _ in range(POOL))
-        self.pending: deque[_Slot] = deque()
+        self.free = deque(_Slot(backend) for _ in range(POOL))  # taken here, given back by the reader
         self.cur: _Slot | None = None
-        self.prev_done: _Slot | None = None  # kept until the next cycle is read, for the gap
         self.seq = 0
-        # Folding and window closes run in `folder` (a helper thread in the server); this
-        # thread only hands it each cycle's numbers, a few at a time.
-        self.folder = Folder(self.config.get("num_steps"), on_close=self._publish, on_error=self._fail,
-                             threaded=threaded)
+        # Reading the events, folding and window closes run in `folder` (helper threads in the
+        # server); this thread records the events and hands each cycle's slot over.
+        self.folder = Folder(self, interval, self.config.get("num_steps"), on_close=self._publish,
+                             on_error=self._fail, threaded=threaded)
+        self.gate = self.folder.gate
+        # where the worker goes to wait for the GPU (the gate opens) and where the wait ends
+        # (it shuts): v2 waits after launching a cycle, for the one before; v1 inside verify
+        self.open_at_end = self.config.get("worker") != "v1"
+        self.gate_open_mark = None if self.open_at_end else "verify"
+        self.gate_shut_mark = None if self.open_at_end else "accept"
         self.items: list = []
-        self.window_index = 0
-        self.window_decode = 0  # decode cycles read into the open window
-        self.dropped = 0
-        self.steps_lost = 0
+        self.window_index = 0  # windows handed to the folder to close
+        self.window_decode = 0  # decode cycles settled into the open window
+        self.dropped = 0  # cycles not timed: no free slot (events that do not complete)
         self.marks_lost = 0  # phase or step marks past a cycle's room (never expected; counted, shown)
         # v2: acceptance is settled against the requests where the scheduler commits it
         self.settle_on_commit = self.config.get("worker") == "v2"
         self.unsettled: deque = deque()  # correct-draft lists harvested, waiting for their commit
         self.open_commit = None  # (reqs, correct, visible before) between commit_begin and commit_end
         self.uncut_cycles = 0  # v2 cycles counted without their commit (a hook not reached): counted as verified
-        # A cycle whose requests had all finished before it (the overlap scheduler runs one more
-        # as a batch drains) gives clients nothing: its time is not decode time. Cycles and
-        # acceptance lists come in the same order, so the k-th list settles the k-th cycle.
+        # Draft steps inside CUDA graphs: their events belong to the graph, rewritten by each
+        # replay, so the previous replay's are read before the next is launched (under
+        # steps_lock: the reader may be reading the same slot).
+        self.step_events: dict = {}  # graph key -> [external events recorded during capture]
+        self.capturing_key = None
+        self.replays: dict = {}  # graph key -> replay count
+        self.last_replay: dict = {}  # graph key -> the slot of its last replay
+        self.steps_lock = threading.Lock()
+        self.steps_lost = 0
+        self.eager = {"draft": 0, "verify": 0, "draft_extend": 0}
+        self.capture_s: dict = {}
+        self._latest = None
+        self._gc_t0 = None
+        self._gc_cb = None
+        # Since start, so that any two reads of /server_info give the exact totals between
+        # them: the tokens, counted on this thread where they are committed ...
+        self.tokens = {"committed_tokens": 0, "verified_requests": 0, "skipped_requests": 0, "cut_tokens": 0}
+        # ... and the cycles and their GPU time, counted by the reader (under timing_lock).
+        # A cycle whose requests had all finished before it (the overlap scheduler runs one
+        # more as a batch drains) gives clients nothing: its time is not decode time. Cycles
+        # and acceptance lists come in the same order, so the k-th list settles the k-th cycle.
+        self.timing_lock = threading.Lock()
+        self.timing = {"decode_cycles": 0, "prefill_cycles": 0, "phase_gpu_ms": {}, "decode_gpu_ms": 0.0,
+                       "drain_cycles": 0}
+        self.prev_done: _Slot | None = None  # reader: kept until the next cycle is read, for the gap
+        self.read_dropped = 0  # reader: cycles whose events never completed, dropped
         self.decode_read = 0
         self.decode_settled = 0
         self.drain_pending: set = set()  # cycles found drained before they were read
         self.charged: deque = deque(maxlen=2 * POOL)  # (cycle index, window, bs, ms) of recent reads
-        self.step_events: dict = {}  # graph key -> [external events recorded during capture]
-        self.capturing_key = None
-        self.replays: dict = {}  # graph key -> replay count
-        self.eager = {"draft": 0, "verify": 0, "draft_extend": 0}
-        self.capture_s: dict = {}
-        self._latest = None
-        # Since start: decode cycles and the GPU milliseconds of each phase, so that any two
-        # reads of /server_info give the exact totals of the cycles between them.
-        # Python's garbage collector stops the host; inside a cycle, the device may then wait
-        self._gc_t0 = None
-        self._gc_cb = None
-        self.totals = {"decode_cycles": 0, "prefill_cycles": 0, "phase_gpu_ms": {}, "committed_tokens": 0,
-                       "verified_requests": 0, "skipped_requests": 0, "cut_tokens": 0, "decode_gpu_ms": 0.0,
-                       "drain_cycles": 0}
 
     def follow_gc(self):
         """Time the garbage collector's pauses of the host inside each cycle (the server's
@@ -242,14 +258,20 @@ class Profiler(NullProfiler):
         if self.broken:
             return
         try:
+            self.gate.shut()
             if self.capturing_key is not None:
                 self._capture_done()
             if self.cur is not None:  # a cycle that never ended (an exception upstream): discard it
                 self._recycle(self.cur)
-            if not self.free:
-                self._read_completed()
-            if not self.free:
-                self._drop_oldest()
+                self.cur = None
+            if len(self.free) < POOL // 4:  # the reader is behind (or events do not complete)
+                self._hand_over()
+                if self.folder.threaded:
+                    self.folder.help()
+            if not self.free:  # every slot waits for its events: this cycle is not timed
+                self.dropped += 1
+                self.items.append(("lost", kind))
+                return
             s = self.free.popleft()
             s.reset()
             s.kind = kind
@@ -273,11 +295,15 @@ class Profiler(NullProfiler):
                 name = "draft_outputs"  # the graph replay closed `draft`: what follows it until here
             if n == len(s.events):
                 self._record(s, name)  # grows the slot, or counts the mark as lost
-                return
-            self.backend.record(s.events[n])  # _record, inline: the hot path's most frequent call
-            s.host[n] = self.clock()
-            s.names[n] = name
-            s.n = n + 1
+            else:
+                self.backend.record(s.events[n])  # _record, inline: the hot path's most frequent call
+                s.host[n] = self.clock()
+                s.names[n] = name
+                s.n = n + 1
+            if name is self.gate_open_mark:
+                self.gate.open()
+            elif name is self.gate_shut_mark:
+                self.gate.shut()
         except Exception as e:
             self._fail(e)
 
@@ -286,7 +312,11 @@ class Profiler(NullProfiler):
         if s is None:
             return
         self.cur = None
-        self.pending.append(s)
+        self.items.append(("slot", s))
+        if len(self.items) >= 8:
+            self._hand_over()
+        if self.open_at_end:
+            self.gate.open()
 
     def _record(self, s, name):
         n = s.n
@@ -385,13 +415,17 @@ class Profiler(NullProfiler):
                 self._record(s, "draft_inputs")
             if key not in self.step_events:
                 return
-            self._snapshot_steps(key)
-            n = self.replays.get(key, 0) + 1
-            self.replays[key] = n
-            if s is not None:
-                s.steps_key = key
-                s.steps_replay = n
-                s.steps_ms = None
+            with self.steps_lock:
+                prev = self.last_replay.get(key)
+                n = self.replays.get(key, 0)
+                if prev is not None and prev.steps_key == key and prev.steps_replay == n and prev.steps_ms is None:
+                    self._read_steps(prev)  # before this replay rewrites the graph's events
+                self.replays[key] = n + 1
+                if s is not None:
+                    s.steps_key = key
+                    s.steps_replay = n + 1
+                    s.steps_ms = None
+                    self.last_replay[key] = s
         except Exception as e:
             self._fail(e)
 
@@ -416,21 +450,19 @@ class Profiler(NullProfiler):
         finished ones. v2 hands every request of the batch, so its list waits for the
         scheduler's commit (`commit_begin` / `commit_end`), which says what reached each
         request; a list whose commit never came is counted whole when the next one arrives."""
+        if self.open_at_end:
+            self.gate.shut()  # the wait for the GPU is over
+        if correct_per_req is None:
+            return
         try:
-            if correct_per_req is not None:
-                correct = list(correct_per_req)
-                if self.settle_on_commit:
-                    while self.unsettled:
-                        self.uncut_cycles += 1
-                        self._add_accept(self.unsettled.popleft())
-                    self.unsettled.append(correct)
-                else:
-                    self._add_accept(correct)
-            self._read_completed()
-            if self.window_decode >= self.interval:
-                self._close_window()
-            elif len(self.items) >= 8:
-                self._hand_over()
+            correct = list(correct_per_req)
+            if self.settle_on_commit:
+                while self.unsettled:
+                    self.uncut_cycles += 1
+                    self._add_accept(self.unsettled.popleft())
+                self.unsettled.append(correct)
+            else:
+                self._add_accept(correct)
         except Exception as e:
             self._fail(e)
 
@@ -439,30 +471,17 @@ class Profiler(NullProfiler):
         the tokens each of them got (correct + 1 unless cut at a stop)."""
         if committed is None:
             committed = [c + 1 for c in correct]
-        t = self.totals
-        k = self.decode_settled
-        self.decode_settled = k + 1
-        if skipped and not correct:
-            self._drained(k)
+        t = self.tokens
         got = sum(committed)
         t["committed_tokens"] += got
         t["verified_requests"] += len(correct)
         t["skipped_requests"] += skipped
         t["cut_tokens"] += sum(correct) + len(correct) - got
         self.items.append(("accept", correct, committed, skipped))
-
-    def _drained(self, k):
-        t = self.totals
-        t["drain_cycles"] += 1
-        for i, (idx, win, bs, ms) in enumerate(self.charged):
-            if idx == k:
-                t["decode_gpu_ms"] -= ms
-                if win == self.window_index:
-                    self.items.append(("uncharge", bs, ms))
-                del self.charged[i]
-                return
-        if k >= self.decode_read:
-            self.drain_pending.add(k)
+        # each list settles one decode cycle: a window closes after its `interval`-th
+        self.window_decode += 1
+        if self.window_decode >= self.interval:
+            self._close_window()
 
     def commit_begin(self, reqs):
         """v2, in the scheduler, before it appends the cycle's tokens to each request: which
@@ -501,103 +520,9 @@ class Profiler(NullProfiler):
         except Exception as e:
             self._fail(e)
 
-    def _read_completed(self):
-        while self.pending:
-            s = self.pending[0]
-            if not self.backend.query(s.events[s.n - 1]):
-                break
-            self.pending.popleft()
-            self._read(s)
-
-    def _snapshot_steps(self, key):
-        """Read the step times of `key`'s last replay into the cycle that made it, if unread."""
-        for s in self.pending:
-            if s.steps_key == key and s.steps_ms is None and s.steps_replay == self.replays.get(key, 0):
-                self._read_steps(s)
-
-    def _read_steps(self, s):
-        evs = self.step_events[s.steps_key]
-        if self.backend.query(evs[-1]):
-            s.steps_ms = [self.backend.elapsed(a, b) for a, b in zip(evs, evs[1:])]
-        else:
-            s.steps_ms = []
-            self.steps_lost += 1
-
-    def _read(self, s):
-        el = self.backend.elapsed
-        ev = s.events
-        phases = []
-        offsets = []  # host start of each phase, from the cycle's first mark
-        names, host = s.names, s.host
-        h0 = host[0]
-        for i in range(1, s.n):
-            hb = host[i - 1]
-            phases.append((names[i], el(ev[i - 1], ev[i]), (host[i] - hb) * 1000.0))
-            offsets.append((hb - h0) * 1000.0)
-        if s.steps_key == "eager":
-            se = s.step_events
-            steps = [el(se[i - 1], se[i]) for i in range(1, s.ns)]
-        elif s.steps_key is not None:
-            if s.steps_ms is None and s.steps_replay == self.replays.get(s.steps_key, 0):
-                self._read_steps(s)
-            steps = s.steps_ms or []
-        else:
-            steps = []
-        gap = period = gpu_period = None
-        p = self.prev_done
-        # The period of a decode cycle runs from the start of the decode cycle just before it;
-        # after a prefill, or after the server sat idle, there is none to measure. On the GPU
-        # it is the previous cycle's work and the GPU time between the two; on the host it
-        # also holds whatever the scheduler waited for meanwhile (a prefill's results).
-        span = 0.0
-        for ph in phases:
-            span += ph[1]
-        s.span = span  # first mark to last, as the sum of the phases (no more elapsed calls)
-        if p is not None and p.seq == s.seq - 1 and p.kind == "decode":
-            gap = el(p.events[p.n - 1], ev[0])
-            gpu_period = p.span + gap
-            period = (s.host[0] - p.host[0]) * 1000.0
-        c = Cycle(kind=s.kind, bs=s.bs, context_tokens=s.ctx, phases=phases, steps_gpu_ms=steps, gap_gpu_ms=gap,
-                  period_host_ms=period, graph=s.graph, host_start_s=s.host[0], host_offsets_ms=offsets,
-                  period_gpu_ms=gpu_period, host_pause_ms=s.gc_ms)
-        t = self.totals
-        t[s.kind + "_cycles"] = t.get(s.kind + "_cycles", 0) + 1
-        if s.kind == "decode":
-            sums = t["phase_gpu_ms"]
-            for name, g, _ in phases:
-                sums[name] = sums.get(name, 0.0) + g
-            # decode time: each cycle's own span, and the GPU time after a decode cycle
-            # until this one (not after a prefill or an idle server)
-            ms = span + (gap or 0.0)
-            k = self.decode_read
-            self.decode_read = k + 1
-            if k in self.drain_pending:
-                self.drain_pending.discard(k)
-                c.drained = True
-            else:
-                t["decode_gpu_ms"] += ms
-                self.charged.append((k, self.window_index, s.bs, ms))
-            self.window_decode += 1
-        self.items.append(("cycle", c, s.host[s.n - 1]))
-        if p is not None:
-            self._recycle(p)
-        self.prev_done = s
-
-    def _recycle(self, s):
-        s.reset()
-        self.free.append(s)
-
-    def _drop_oldest(self):
-        if self.pending:
-            self._recycle(self.pending.popleft())
-            self.dropped += 1
-        elif self.prev_done is not None:
-            self._recycle(self.prev_done)
-            self.prev_done = None
-
     def _close_window(self):
         """O(1) here: the window's fields that live on this thread go with the last items to
-        the folder, which closes the window and runs the outputs (`_publish`)."""
+        the folder, which closes the window and hands it to the outputs (`_publish`)."""
         self.items.append(("close", {
             "schema": SCHEMA,
             "rank": self.rank,
@@ -605,11 +530,9 @@ class Profiler(NullProfiler):
             "config": self.config,
             "graphs": {"draft_replays": sum(self.replays.values()), "eager": dict(self.eager),
                        "capture_s": {k: dict(v) for k, v in self.capture_s.items()}},
-            "dropped_cycles": self.dropped,
-            "steps_lost": self.steps_lost,
             "marks_lost": self.marks_lost,
             "uncut_cycles": self.uncut_cycles,
-            "totals": self.totals_now(),
+            "tokens": dict(self.tokens),
         }))
         self._hand_over()
         self.window_index += 1
@@ -620,6 +543,140 @@ class Profiler(NullProfiler):
         if self.items:
             self.folder.submit(self.items)
             self.items = []
+
+    # -- reading, on the folder's reader thread ------------------------------------------
+    def attach(self):
+        """The reader thread starts: the device's context there (the GPU backend)."""
+        attach = getattr(self.backend, "attach", None)
+        if attach is not None:
+            attach()
+
+    def behind(self) -> bool:
+        """Few free slots left: the reader must catch up whatever the scheduler does."""
+        return len(self.free) < POOL // 4
+
+    def slot_ready(self, s) -> bool:
+        return self.backend.query(s.events[s.n - 1])
+
+    def slot_stuck(self) -> bool:
+        """No free slot and the oldest cycle still incomplete: its events will not complete
+        (a GPU error, a lost event); dropping it lets the others be timed."""
+        return not self.free
+
+    def slot_drop(self, s):
+        self.read_dropped += 1
+        self.lost(s.kind)
+        self._recycle(s)
+
+    def lost(self, kind):
+        """A cycle that was not timed: it still takes its place in the order of settling."""
+        if kind == "decode":
+            self.decode_read += 1
+
+    def settle(self, correct, skipped, window):
+        """The k-th acceptance list settles the k-th decode cycle: one whose requests had all
+        finished is a drain cycle. Returns (bs, ms) to take out of the open window, if any."""
+        k = self.decode_settled
+        self.decode_settled = k + 1
+        if not (skipped and not correct):
+            return None
+        with self.timing_lock:
+            t = self.timing
+            t["drain_cycles"] += 1
+            for i, (idx, win, bs, ms) in enumerate(self.charged):
+                if idx == k:
+                    t["decode_gpu_ms"] -= ms
+                    del self.charged[i]
+                    return (bs, ms) if win == window else None
+        if k >= self.decode_read:
+            self.drain_pending.add(k)
+        return None
+
+    def _read_steps(self, s):
+        evs = self.step_events[s.steps_key]
+        b = self.backend
+        if b.query_captured(evs[-1]):
+            s.steps_ms = [b.elapsed_captured(x, y) for x, y in zip(evs, evs[1:])]
+        else:
+            s.steps_ms = []
+            self.steps_lost += 1
+
+    def slot_read(self, s, window):
+        """A completed cycle's events: (Cycle, host time of its last mark) for the window."""
+        el = self.backend.elapsed
+        ev = s.events
+        phases = []
+        offsets = []  # host start of each phase, from the cycle's first mark
+        names, host = s.names, s.host
+        h0 = host[0]
+        span = 0.0
+        for i in range(1, s.n):
+            hb = host[i - 1]
+            g = el(ev[i - 1], ev[i])
+            span += g
+            phases.append((names[i], g, (host[i] - hb) * 1000.0))
+            offsets.append((hb - h0) * 1000.0)
+        s.span = span  # first mark to last, as the sum of the phases
+        if s.steps_key == "eager":
+            se = s.step_events
+            steps = [el(se[i - 1], se[i]) for i in range(1, s.ns)]
+        elif s.steps_key is not None:
+            with self.steps_lock:
+                if s.steps_ms is None and s.steps_replay == self.replays.get(s.steps_key, 0):
+                    self._read_steps(s)
+                steps = s.steps_ms or []
+        else:
+            steps = []
+        gap = period = gpu_period = None
+        p = self.prev_done
+        # The period of a decode cycle runs from the start of the decode cycle just before it;
+        # after a prefill, or after the server sat idle, there is none to measure. On the GPU
+        # it is the previous cycle's work and the GPU time between the two; on the host it
+        # also holds whatever the scheduler waited for meanwhile (a prefill's results).
+        if p is not None and p.seq == s.seq - 1 and p.kind == "decode":
+            gap = el(p.events[p.n - 1], ev[0])
+            gpu_period = p.span + gap
+            period = (h0 - p.host[0]) * 1000.0
+        c = Cycle(kind=s.kind, bs=s.bs, context_tokens=s.ctx, phases=phases, steps_gpu_ms=steps, gap_gpu_ms=gap,
+                  period_host_ms=period, graph=s.graph, host_start_s=h0, host_offsets_ms=offsets,
+                  period_gpu_ms=gpu_period, host_pause_ms=s.gc_ms)
+        with self.timing_lock:
+            t = self.timing
+            t[s.kind + "_cycles"] = t.get(s.kind + "_cycles", 0) + 1
+            if s.kind == "decode":
+                sums = t["phase_gpu_ms"]
+                for name, g, _ in phases:
+                    sums[name] = sums.get(name, 0.0) + g
+                # decode time: each cycle's own span, and the GPU time after a decode cycle
+                # until this one (not after a prefill or an idle server)
+                ms = span + (gap or 0.0)
+                k = self.decode_read
+                self.decode_read = k + 1
+                if k in self.drain_pending:
+                    self.drain_pending.discard(k)
+                    c.drained = True
+                else:
+                    t["decode_gpu_ms"] += ms
+                    self.charged.append((k, window, s.bs, ms))
+        end = host[s.n - 1]
+        if p is not None:
+            self._recycle(p)
+        self.prev_done = s
+        return c, end
+
+    def _recycle(self, s):
+        if s.steps_key is not None and s.steps_key != "eager":
+            with self.steps_lock:
+                s.reset()
+        else:
+            s.reset()
+        self.free.append(s)
+
+    def close_fields(self, extra):
+        """At a window's close, on the reader: the fields counted there."""
+        extra["dropped_cycles"] = self.dropped + self.read_dropped
+        extra["steps_lost"] = self.steps_lost
+        extra["totals"] = self._totals(extra.pop("tokens"))
 
     def _publish(self, summary):
         """A closed window (on the folder's thread): each sink in turn; one that fails is
@@ -644,20 +701,32 @@ class Profiler(NullProfiler):
         return self.folder.window
 
     def flush(self, timeout: float = 10.0) -> bool:
-        """Hand over what is held and wait until it is folded (tests, benchmarks)."""
+        """Hand over what is held and wait until what completed is read and folded and the
+        outputs ran (tests, benchmarks, /server_info)."""
         self._hand_over()
         return self.folder.flush(timeout)
 
     def latest(self):
         return self._latest
 
+    def catch_up(self, timeout: float = 0.05) -> None:
+        """Before a read of the totals (/server_info): the cycles whose events completed are
+        read first, waiting `timeout` at most (the reader works while the scheduler waits)."""
+        if not self.broken:
+            self._hand_over()
+            self.folder.flush(timeout, outputs=False)
+
     def totals_now(self) -> dict:
-        t = self.totals
-        return {"decode_cycles": t["decode_cycles"], "prefill_cycles": t["prefill_cycles"],
-                "committed_tokens": t["committed_tokens"], "verified_requests": t["verified_requests"],
-                "skipped_requests": t["skipped_requests"], "cut_tokens": t["cut_tokens"],
-                "decode_gpu_ms": round(t["decode_gpu_ms"], 4), "drain_cycles": t["drain_cycles"],
-                "phase_gpu_ms": {k: round(v, 4) for k, v in t["phase_gpu_ms"].items()}}
+        return self._totals(self.tokens)
+
+    def _totals(self, tokens) -> dict:
+        with self.timing_lock:
+            t = self.timing
+            out = {"decode_cycles": t["decode_cycles"], "prefill_cycles": t["prefill_cycles"]}
+            out.update(tokens)
+            out.update(decode_gpu_ms=round(t["decode_gpu_ms"], 4), drain_cycles=t["drain_cycles"],
+                       phase_gpu_ms={k: round(v, 4) for k, v in t["phase_gpu_ms"].items()})
+        return out
 
     # -- failure ----------------------------------------------------------------------
     def _fail(self, e):

@@ -1,0 +1,141 @@
+#!/usr/bin/env python3
+"""Host cost of one CUDA event call, each way the profiler could make it.
+
+For record, query and elapsed time: torch's Event, cuda.bindings' driver API, and the
+driver's own functions through ctypes (holding the GIL, and releasing it), on a stream of
+its own with no other work. Prints microseconds per call (median of --reps runs of --n
+calls each) as one JSON line.
+
+    python bench/event_cost.py [--n 20000] [--reps 7]
+"""
+import argparse
+import ctypes
+import json
+import statistics
+import time
+
+import torch
+
+
+def per_call(fn, n, reps, sync):
+    out = []
+    for _ in range(reps):
+        sync()
+        t = time.perf_counter()
+        for _ in range(n):
+            fn()
+        out.append((time.perf_counter() - t) / n * 1e6)
+        sync()
+    return round(statistics.median(out), 3)
+
+
+class Busy:
+    """A thread running pure Python: a call that releases the GIL lets it in, one that holds
+    the GIL is interrupted only at the interpreter's switch interval."""
+
+    def __enter__(self):
+        import threading
+
+        self.stop = False
+        self.t = threading.Thread(target=self.spin, daemon=True)
+        self.t.start()
+        time.sleep(0.01)
+        return self
+
+    def spin(self):
+        x = 0
+        while not self.stop:
+            x += 1
+
+    def __exit__(self, *a):
+        self.stop = True
+        self.t.join()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--n", type=int, default=20000)
+    ap.add_argument("--reps", type=int, default=7)
+    a = ap.parse_args()
+    stream = torch.cuda.Stream()
+    torch.cuda.set_stream(stream)
+    sync = torch.cuda.synchronize
+    n, reps = a.n, a.reps
+    res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
+
+    ev = torch.cuda.Event(enable_timing=True)
+    ev2 = torch.cuda.Event(enable_timing=True)
+    ev.record(stream)
+    ev2.record(stream)
+    sync()
+    res["torch_record_current"] = per_call(lambda: ev.record(), n, reps, sync)
+    res["torch_record_stream"] = per_call(lambda: ev.record(stream), n, reps, sync)
+    res["torch_query"] = per_call(ev.query, n, reps, sync)
+    res["torch_elapsed"] = per_call(lambda: ev.elapsed_time(ev2), n, reps, sync)
+    res["torch_current_stream"] = per_call(torch.cuda.current_stream, n, reps, sync)
+    dev = torch.cuda.current_device()
+    raw = torch._C._cuda_getCurrentRawStream
+    res["torch_raw_stream"] = per_call(lambda: raw(dev), n, reps, sync)
+    assert raw(dev) == stream.cuda_stream
+
+    try:
+        from cuda.bindings import driver as drv
+
+        import cuda.bindings
+        res["cuda_bindings"] = cuda.bindings.__version__
+        err, e1 = drv.cuEventCreate(0)
+        err, e2 = drv.cuEventCreate(0)
+        s = drv.CUstream(stream.cuda_stream)
+        rec = drv.cuEventRecord
+        rec(e1, s)
+        rec(e2, s)
+        sync()
+        res["bindings_record"] = per_call(lambda: rec(e1, s), n, reps, sync)
+        res["bindings_record_int_stream"] = per_call(lambda: rec(e1, stream.cuda_stream), n, reps, sync)
+        q = drv.cuEventQuery
+        res["bindings_query"] = per_call(lambda: q(e1), n, reps, sync)
+        el = drv.cuEventElapsedTime
+        rec(e1, s)
+        rec(e2, s)
+        sync()
+        res["bindings_elapsed"] = per_call(lambda: el(e1, e2), n, reps, sync)
+        res["bindings_elapsed_value"] = el(e1, e2)[1]
+        with Busy():
+            res["bindings_record_busy_thread"] = per_call(lambda: rec(e1, s), n // 10, reps, sync)
+    except Exception as e:
+        res["cuda_bindings_error"] = f"{type(e).__name__}: {e}"
+
+    for name, lib in (("ctypes_gil", ctypes.PyDLL("libcuda.so.1")), ("ctypes_nogil", ctypes.CDLL("libcuda.so.1"))):
+        create = lib.cuEventCreate
+        create.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_uint]
+        h1, h2 = ctypes.c_void_p(), ctypes.c_void_p()
+        assert create(ctypes.byref(h1), 0) == 0 and create(ctypes.byref(h2), 0) == 0
+        rec = lib.cuEventRecord
+        rec.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+        rec.restype = ctypes.c_int
+        hs = ctypes.c_void_p(stream.cuda_stream)
+        assert rec(h1, hs) == 0 and rec(h2, hs) == 0
+        sync()
+        res[name + "_record"] = per_call(lambda: rec(h1, hs), n, reps, sync)
+        q = lib.cuEventQuery
+        q.argtypes = [ctypes.c_void_p]
+        q.restype = ctypes.c_int
+        res[name + "_query"] = per_call(lambda: q(h1), n, reps, sync)
+        el = lib.cuEventElapsedTime
+        el.argtypes = [ctypes.POINTER(ctypes.c_float), ctypes.c_void_p, ctypes.c_void_p]
+        el.restype = ctypes.c_int
+        ms = ctypes.c_float()
+        ref = ctypes.byref(ms)
+        rec(h1, hs)
+        rec(h2, hs)
+        sync()
+        res[name + "_elapsed"] = per_call(lambda: el(ref, h1, h2), n, reps, sync)
+        with Busy():
+            res[name + "_record_busy_thread"] = per_call(lambda: rec(h1, hs), n // 10, reps, sync)
+    with Busy():
+        res["torch_record_stream_busy_thread"] = per_call(lambda: ev.record(stream), n // 10, reps, sync)
+    print(json.dumps(res))
+
+
+if __name__ == "__main__":
+    main()
