@@ -90,11 +90,13 @@ def install(server_args, tp_rank: int = 0, worker: str = "v2") -> None:
 
             folder = os.path.join(tempfile.gettempdir(), f"sglang-specprof-{getattr(server_args, 'port', 0)}")
             exchange = RankExchange(folder, tp_rank, config["tp_size"])
-        P = Profiler(CudaBackend(), interval=server_args.speculative_profile_interval, sink=sinks,
+        backend = CudaBackend()
+        config["events"] = backend.kind  # "cuda.bindings", or "torch" without it
+        P = Profiler(backend, interval=server_args.speculative_profile_interval, sink=sinks,
                      config=config, rank=tp_rank, log_table=(tp_rank == 0), exchange=exchange, threaded=True, on_error=disable)
         P.follow_gc()
-        logger.info("speculative profile on (%s worker, window %d cycles%s)", worker,
-                    server_args.speculative_profile_interval, f", JSONL {path}" if path else "")
+        logger.info("speculative profile on (%s worker, window %d cycles, events through %s%s)", worker,
+                    server_args.speculative_profile_interval, backend.kind, f", JSONL {path}" if path else "")
     except Exception as e:
         logger.warning("speculative profile could not start (%s: %s); serving without it.", type(e).__name__, e)
         P = NullProfiler()
