@@ -873,3 +873,35 @@ def test_the_startup_check_leaves_no_empty_file_behind(tmp_path):
 
     spa.validate(Args())
     assert not (tmp_path / "prof.jsonl").exists()
+
+
+def test_the_reader_waits_for_the_gate_or_an_idle_server(monkeypatch):
+    """The reader takes the GIL only where the scheduler waits for the GPU (v1: between the
+    verify launch and its result) or once nothing opened the gate for IDLE_S."""
+    import time
+
+    from sglang.specprof import folder
+
+    monkeypatch.setattr(folder, "IDLE_S", 0.6)  # wide margins on a loaded machine
+
+    b = FakeBackend()
+    p = Profiler(b, interval=1000, config={"num_steps": 3, "worker": "v1"}, clock=b.clock, log_table=False,
+                 threaded=True)
+    for _ in range(8):  # no `verify` mark: the gate never opens
+        run_cycle(p, b, phases=[("draft", 1.0), ("tree", 0.1)], steps=())
+    p._hand_over()
+    time.sleep(folder.IDLE_S / 4)
+    assert p.totals_now()["decode_cycles"] == 0  # handed over, complete, and not read: the gate is shut
+    deadline = time.time() + 5
+    while p.totals_now()["decode_cycles"] < 8 and time.time() < deadline:
+        time.sleep(0.005)
+    assert p.totals_now()["decode_cycles"] == 8  # the server looked idle: read without a flush
+    for _ in range(8):  # with a verify: the gate opens there and the reader reads at once
+        run_cycle(p, b, phases=[("draft", 1.0), ("verify", 5.0), ("accept", 0.1)], steps=())
+    p._hand_over()
+    p.begin("decode", 1)
+    p.mark("verify")  # the wait for the verify's result
+    deadline = time.time() + folder.IDLE_S / 2
+    while p.totals_now()["decode_cycles"] < 16 and time.time() < deadline:
+        time.sleep(0.001)
+    assert p.totals_now()["decode_cycles"] == 16

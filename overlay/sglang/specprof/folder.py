@@ -37,6 +37,7 @@ class Gate:
 
     def __init__(self):
         self.is_open = False
+        self.busy = False  # the scheduler's thread shut the gate since the helpers last found it idle
         self._ev = threading.Event()
 
     def open(self):
@@ -47,15 +48,20 @@ class Gate:
 
     def shut(self):
         self.is_open = False
+        self.busy = True
 
-    def wait(self, timeout=IDLE_S) -> bool:
-        """On a helper: until the gate opens (True) or `timeout` passes (False)."""
-        if self.is_open:
+    def wait(self, timeout=None) -> bool:
+        """On a helper: until the gate opens (True) or `timeout` (IDLE_S) passes (False)."""
+        timeout = IDLE_S if timeout is None else timeout
+        if self.is_open or not self.busy:
             return True
         self._ev.clear()
         if self.is_open:
             return True
-        return self._ev.wait(timeout)
+        if self._ev.wait(timeout):
+            return True
+        self.busy = False  # no hook ran for IDLE_S: idle until the next one
+        return False
 
 
 class Folder:
@@ -228,7 +234,7 @@ class Folder:
                 summary.set()
                 continue
             if not self._urgent:
-                self.gate.wait(IDLE_S)
+                self.gate.wait()
             try:
                 if self.on_close is not None:
                     self.on_close(summary)
