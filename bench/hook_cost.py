@@ -142,15 +142,11 @@ def main():
     else:
         import torch
 
-        from sglang.specprof.cuda_backend import CudaBackend
+        from sglang.specprof.cuda_backend import CudaBackend, TorchEvents
 
         torch.cuda.set_stream(torch.cuda.Stream())  # a stream of its own, as the scheduler's forward stream
-        backend, sync, device = CudaBackend(), torch.cuda.synchronize, torch.cuda.get_device_name()
-        if a.torch_events:
-            backend._d = None
-            backend.kind = "torch"
-            backend._streams.clear()
-            backend.refresh()
+        backend = TorchEvents() if a.torch_events else CudaBackend()
+        sync, device = torch.cuda.synchronize, torch.cuda.get_device_name()
     on = Profiler(backend, interval=100, config=config, threaded=a.threaded)
     off = NullProfiler()
     kw = dict(bs=a.bs, buckets=a.buckets, wait_s=a.wait_us / 1e6)

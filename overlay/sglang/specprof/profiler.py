@@ -264,7 +264,7 @@ class Profiler(NullProfiler):
             if self.cur is not None:  # a cycle that never ended (an exception upstream): discard it
                 self._recycle(self.cur)
                 self.cur = None
-            if len(self.free) < POOL // 4:  # the reader is behind (or events do not complete)
+            if self.behind():  # the reader got no turn (or events do not complete)
                 self._hand_over()
                 if self.folder.threaded:
                     self.folder.help()
@@ -665,10 +665,7 @@ class Profiler(NullProfiler):
         return c, end
 
     def _recycle(self, s):
-        if s.steps_key is not None and s.steps_key != "eager":
-            with self.steps_lock:
-                s.reset()
-        else:
+        with self.steps_lock:  # graph_replay may be reading the step times into it
             s.reset()
         self.free.append(s)
 
@@ -700,11 +697,11 @@ class Profiler(NullProfiler):
             self._hand_over()
         return self.folder.window
 
-    def flush(self, timeout: float = 10.0) -> bool:
-        """Hand over what is held and wait until what completed is read and folded and the
-        outputs ran (tests, benchmarks, /server_info)."""
+    def flush(self, timeout: float = 10.0, outputs: bool = True) -> bool:
+        """Hand over what is held and wait until what completed is read and folded and
+        (`outputs`) the outputs ran (tests, benchmarks, /server_info)."""
         self._hand_over()
-        return self.folder.flush(timeout)
+        return self.folder.flush(timeout, outputs)
 
     def latest(self):
         return self._latest
@@ -713,8 +710,7 @@ class Profiler(NullProfiler):
         """Before a read of the totals (/server_info): the cycles whose events completed are
         read first, waiting `timeout` at most (the reader works while the scheduler waits)."""
         if not self.broken:
-            self._hand_over()
-            self.folder.flush(timeout, outputs=False)
+            self.flush(timeout, outputs=False)
 
     def totals_now(self) -> dict:
         return self._totals(self.tokens)
