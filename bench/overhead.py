@@ -29,6 +29,7 @@ import datetime
 import json
 import os
 import random
+import shlex
 import statistics
 import sys
 import time
@@ -107,6 +108,11 @@ def main():
                          "sharing what is left among the concurrencies (the rounds done are reported)")
     ap.add_argument("--sglang", default="0.5.12")
     ap.add_argument("--cpus", metavar="A-B", help="pin the servers to these CPUs, each to its own share")
+    ap.add_argument("--on-extra", default="", metavar="FLAGS",
+                    help="more flags for the `on` server, e.g. '--speculative-profile-kernels 1'")
+    ap.add_argument("--off-profile", action="store_true",
+                    help="the `off` server runs --speculative-profile too: `on` / `off` is then the cost of --on-extra")
+    ap.add_argument("--tag", default="", help="suffix of the result files' names")
     a = ap.parse_args()
     t0 = time.time()
     os.makedirs(a.out, exist_ok=True)
@@ -115,7 +121,9 @@ def main():
     common = eagle3_args(target, draft, steps=3, topk=1, graph_bs=a.concurrency)
     env = dict(os.environ, SGLANG_SIMULATE_ACC_LEN="3.0")
     prof = ["--speculative-profile", "--speculative-profile-output", os.path.join(a.logs, "on.jsonl")]
-    plan = {"off": (common, env), "on": (common + prof, env)}
+    off = common + (["--speculative-profile", "--speculative-profile-output", os.path.join(a.logs, "off.jsonl")]
+                    if a.off_profile else [])
+    plan = {"off": (off, env), "on": (common + prof + shlex.split(a.on_extra), env)}
     if a.upstream_path:
         up_env = dict(env, PYTHONPATH=a.upstream_path + os.pathsep + env.get("PYTHONPATH", ""))
         plan["upstream"] = (common, up_env)
@@ -146,7 +154,9 @@ def main():
             if "check" in servers:
                 res["independent_check"] = independent_check(servers["check"], c, a.new_tokens)
             print(json.dumps({k: v for k, v in res.items() if not k.startswith(("tok_s", "ratios"))}), flush=True)
-            with open(os.path.join(a.out, f"overhead-{a.sglang}-c{c}.json"), "w") as f:
+            if a.on_extra or a.off_profile:
+                res["on_extra"], res["off_profile"] = a.on_extra, a.off_profile
+            with open(os.path.join(a.out, f"overhead-{a.sglang}-c{c}{a.tag}.json"), "w") as f:
                 json.dump(res, f, indent=1)
                 f.write("\n")
     finally:

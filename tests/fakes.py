@@ -69,3 +69,115 @@ class FakeBackend:
 
     def capturing(self):
         return self.capture
+
+
+class _KEvent:
+    """One of kineto's events, as `prof.profiler.kineto_results.events()` gives them."""
+
+    def __init__(self, name, gpu, start, dur, corr, annotation=False):
+        self._v = (name, gpu, start, dur, corr, annotation)
+
+    def name(self):
+        return self._v[0]
+
+    def device_type(self):
+        return "DeviceType.CUDA" if self._v[1] else "DeviceType.CPU"
+
+    def start_ns(self):
+        return self._v[2]
+
+    def duration_ns(self):
+        return self._v[3]
+
+    def correlation_id(self):
+        return self._v[4]
+
+    def is_user_annotation(self):
+        return self._v[5]
+
+
+class FakeTorch:
+    """The part of torch the kernel sampler uses, over a FakeBackend's clocks: `launch` puts a
+    kernel on the fake device (and its launch on the host) as CUPTI would report them."""
+
+    def __init__(self, backend):
+        self.b = backend
+        self.active = None
+        self.other_on = False
+        self.tick = 0
+        self.starts = 0
+        self.synced = 0
+        fake = self
+
+        class _Inner:
+            def __init__(self):
+                self.use_device = "cuda"
+                self.kineto_results = None
+
+        class _Profile:
+            def __init__(self, **kw):
+                self.kw = kw
+                self.profiler = _Inner()
+                self.events = []
+
+            def start(self):
+                assert fake.active is None, "a second torch profiler on one thread"
+                fake.active = self
+                fake.starts += 1
+
+            def stop(self):
+                if self.profiler.use_device is not None:
+                    fake.synced += 1
+                fake.active = None
+                evs = list(self.events)
+
+                class _R:
+                    def events(self_inner):
+                        return evs
+
+                self.profiler.kineto_results = _R()
+
+        class _RecordFunction:
+            def __init__(self, name):
+                self.name = name
+
+            def __enter__(self):
+                if fake.active is not None:
+                    fake.active.events.append(_KEvent(self.name, False, fake.host_ns(), 0, 0))
+                return self
+
+            def __exit__(self, *a):
+                return False
+
+        class _Activity:
+            CPU, CUDA = "cpu", "cuda"
+
+        class _ProfilerNS:
+            ProfilerActivity = _Activity
+            profile = _Profile
+            record_function = _RecordFunction
+
+        class _Autograd:
+            @staticmethod
+            def _profiler_enabled():
+                return fake.other_on or fake.active is not None
+
+        class _C:
+            _autograd = _Autograd
+
+        self.profiler = _ProfilerNS
+        self._C = _C
+        self.corr = 0
+
+    def host_ns(self):
+        self.tick += 1
+        return int(round(self.b.host * 1e9)) + self.tick
+
+    def launch(self, name, ms, via="cudaLaunchKernel"):
+        """A kernel of `ms` on the device, launched now (the device runs it at once)."""
+        self.corr += 1
+        start = int(round(self.b.gpu * 1e6))
+        if self.active is not None:
+            self.active.events.append(_KEvent(via, False, self.host_ns(), 1000, self.corr))
+            self.active.events.append(_KEvent(name, True, start, int(round(ms * 1e6)), self.corr))
+        self.b.advance(ms)

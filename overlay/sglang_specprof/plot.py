@@ -19,7 +19,13 @@ def plot(summary: dict, path: str) -> dict:
         for n in b["phases"]:
             if n not in names:
                 names.append(n)
-    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(18, 5.5), gridspec_kw={"width_ratios": [1.25, 1, 1]})
+    kern = summary.get("kernels")
+    if kern and kern.get("phases"):
+        fig, (ax1, ax2, ax3, ax4) = plt.subplots(1, 4, figsize=(24, 5.5),
+                                                 gridspec_kw={"width_ratios": [1.25, 1, 1, 1.25]})
+    else:
+        fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(18, 5.5), gridspec_kw={"width_ratios": [1.25, 1, 1]})
+        ax4 = None
     cfg = summary.get("config", {})
     fig.suptitle(f"{cfg.get('algorithm')} {cfg.get('worker')} worker, steps {cfg.get('num_steps')}, topk "
                  f"{cfg.get('topk')}: {summary.get('decode_cycles')} decode cycles, "
@@ -66,7 +72,35 @@ def plot(summary: dict, path: str) -> dict:
     ax3.set_title("Cycle GPU time distribution")
     ax3.set_ylabel("ms")
     ax3.legend(fontsize=8)
+    if ax4 is not None:
+        drawn["kernels"] = _kernel_bars(ax4, kern, cmap)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+    return drawn
+
+
+def _kernel_bars(ax, kern: dict, cmap) -> dict:
+    """Per phase, per sampled cycle: kernel time by class, then the idle time in its span."""
+    from .kernels import CLASSES
+
+    phases = list(kern["phases"])
+    drawn = {}
+    bottoms = [0.0] * len(phases)
+    for i, cls in enumerate(list(CLASSES) + ["idle"]):
+        vals = []
+        for n in phases:
+            p = kern["phases"][n]
+            cyc = max(p.get("cycles") or 1, 1)
+            v = p.get("idle_ms") if cls == "idle" else (p.get("busy_ms") or {}).get(cls)
+            vals.append((v or 0.0) / cyc)
+        ax.bar(phases, vals, bottom=bottoms, label=cls, color="lightgrey" if cls == "idle" else cmap(2 * i % 20))
+        drawn[cls] = vals
+        bottoms = [x + v for x, v in zip(bottoms, vals)]
+    cov = kern.get("coverage")
+    ax.set_title(f"Inside each phase (kernel samples: {kern.get('cycles')} cycles, "
+                 f"coverage {'-' if cov is None else f'{100 * cov:.1f}%'})")
+    ax.set_ylabel("ms per cycle")
+    ax.tick_params(axis="x", labelrotation=45)
+    ax.legend(fontsize=8)
     return drawn

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import urllib.request
 
-from . import advisor, schema, window
+from . import advisor, kernels, schema, window
 from .table import format_summary
 
 
@@ -178,7 +178,8 @@ def summarize(windows: list[dict]) -> dict:
             "dropped_cycles": max((w.get("dropped_cycles") or 0) for w in windows),
             "steps_lost": max((w.get("steps_lost") or 0) for w in windows),
             "marks_lost": max((w.get("marks_lost") or 0) for w in windows),
-            "uncut_cycles": max((w.get("uncut_cycles") or 0) for w in windows)}
+            "uncut_cycles": max((w.get("uncut_cycles") or 0) for w in windows),
+            "kernels": kernels.merge([w.get("kernels") for w in windows])}
 
 
 def verify_points(windows: list[dict]) -> list[list]:
@@ -218,4 +219,8 @@ def render(summary: dict, advice: dict) -> str:
     text = [format_summary(summary)]
     for key, adv in advice.items():
         text.append(f"bs {key} " + advisor.format_advice(adv))
+    if summary.get("kernels"):
+        k = summary["kernels"]  # its table is in format_summary's
+        text.append(f"({k['samples']} kernel samples merged; {k['unmatched_kernels']} kernels whose launch the "
+                    f"trace did not hold left out)")
     return "\n".join(text)

@@ -4,7 +4,7 @@ Schema "sglang-specprof/2" (docs/profile-schema.md has every field; version 1 st
 
     schema, window, rank, time, config{...}, decode_cycles, seconds, wall_seconds,
     tokens_per_s, buckets{"<bs bucket>": bucket}, graphs{...}, dropped_cycles,
-    steps_lost, marks_lost, uncut_cycles, totals{...}, [ranks{...}]
+    steps_lost, marks_lost, uncut_cycles, totals{...}, [ranks{...}], [kernels{...}]
 
 A reader takes each line on its own; a line cut short by a killed process is reported
 with its number and skipped by `read(..., skip_torn=True)`.
@@ -70,6 +70,12 @@ def problems(obj) -> list[str]:
             for key, t in _ACCEPT.items():
                 if key not in acc or not isinstance(acc[key], t):
                     out.append(f"bucket {name}: accept.{key} missing or not {_type_name(t)}")
+    k = obj.get("kernels")
+    if k is not None:
+        if not isinstance(k, dict):
+            out.append("kernels is not an object")
+        elif "error" not in k and not isinstance(k.get("phases"), dict):
+            out.append("kernels has neither phases nor an error")
     return out
 
 

@@ -83,6 +83,14 @@ def format_summary(s: dict, pause=None) -> str:
         ("uncut_cycles", "cycles counted without the scheduler's commit (tokens not checked against stops)"))]
     if any(n for n, _ in lost):
         lines.append("  lost: " + ", ".join(f"{n} {what}" for n, what in lost if n))
+    k = s.get("kernels")
+    if k:
+        if k.get("error"):
+            lines.append(f"  kernels: the sample of window {k.get('window')} could not be read ({k['error']})")
+        else:
+            from .kernels import format_block
+
+            lines.extend("  " + line for line in format_block(k))
     return "\n".join(lines)
 
 

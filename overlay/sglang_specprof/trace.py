@@ -1,6 +1,9 @@
 """Chrome / Perfetto trace events for the cycles a profile sampled (the trace-event JSON format).
 
-Each rank is a process with two threads: "GPU (CUDA events)" and "host". A sampled cycle
+Each rank is a process with two threads: "GPU (CUDA events)" and "host"; a profile with
+kernel samples adds two more, the sampled cycles' phases as their kernels bound them and
+the kernels themselves (named, with their class), on the kernels' own clock, placed at
+the start of the window that carries the sample. A sampled cycle
 becomes a slice on each, its phases slices inside it. The host track is the host clock.
 CUDA events give durations, not a clock shared with the host, so the GPU track is built
 from them: a cycle starts where the one before it ended plus the measured GPU time
@@ -11,6 +14,7 @@ window starts with its host start).
 from __future__ import annotations
 
 GPU_TID, HOST_TID = 1, 2
+KPHASE_TID, KERNEL_TID = 3, 4  # a kernel sample's cycles: phases as the kernels bound them, the kernels
 
 
 def _x(name, pid, tid, ts_ms, dur_ms, args=None):
@@ -29,6 +33,11 @@ def trace(windows: list[dict]) -> dict:
         events.append({"name": "process_name", "ph": "M", "pid": r, "args": {"name": f"rank {r}"}})
         events.append({"name": "thread_name", "ph": "M", "pid": r, "tid": GPU_TID, "args": {"name": "GPU (CUDA events)"}})
         events.append({"name": "thread_name", "ph": "M", "pid": r, "tid": HOST_TID, "args": {"name": "host"}})
+        if any((w.get("kernels") or {}).get("tracks") for w in windows if w.get("rank", 0) == r):
+            events.append({"name": "thread_name", "ph": "M", "pid": r, "tid": KPHASE_TID,
+                           "args": {"name": "kernel sample: phases"}})
+            events.append({"name": "thread_name", "ph": "M", "pid": r, "tid": KERNEL_TID,
+                           "args": {"name": "kernel sample: kernels"}})
     def origin(w):
         # the profiler's monotonic host clock at the window's first cycle (same in every window
         # of a process); else the window's close time less its length
@@ -43,6 +52,7 @@ def trace(windows: list[dict]) -> dict:
         t0 = min(origin(w) for w in mine)
         for w in mine:
             cycles += _window_events(events, w, r, (origin(w) - t0) * 1000.0, gpu_end)
+            _kernel_events(events, w, r, (origin(w) - t0) * 1000.0)
     return {"traceEvents": events, "displayTimeUnit": "ms",
             "otherData": {"source": "sglang-specprof", "cycles": cycles}}
 
@@ -65,3 +75,22 @@ def _window_events(events, w, pid, start, gpu_end) -> int:
             events.append(_x(name, pid, HOST_TID, at + (h_at or 0), h or 0, {"host_ms": h}))
         cycles += 1
     return cycles
+
+
+def _kernel_events(events, w, pid, start) -> None:
+    k = w.get("kernels") or {}
+    names, classes = k.get("names") or [], k.get("classes") or []
+    at = start
+    for t in k.get("tracks") or []:
+        end = at
+        label = f"sampled cycle {t.get('cycle')} bs={t.get('bs')} (window {k.get('window')})"
+        for pname, off, dur in t.get("phases") or []:
+            events.append(_x(pname, pid, KPHASE_TID, at + off / 1000.0, dur / 1000.0, {"span_us": dur, "cycle": label}))
+            end = max(end, at + (off + dur) / 1000.0)
+        for off, dur, ph, cls, ni in t.get("kernels") or []:
+            name = names[ni] if ni < len(names) else "?"
+            events.append(_x(name, pid, KERNEL_TID, at + off / 1000.0, dur / 1000.0,
+                             {"class": classes[cls] if cls < len(classes) else cls,
+                              "phase": (t["phases"][ph][0] if ph < len(t["phases"]) else None)}))
+            end = max(end, at + (off + dur) / 1000.0)
+        at = end + 0.05

@@ -213,6 +213,8 @@ def main():
     ap.add_argument("--warm-each", action="store_true",
                     help="send each load once unmeasured first (its batch shapes' first-use costs out of the figures)")
     ap.add_argument("--trace", default=None, help="server name: a torch profiler trace of a few cycles at bs 1")
+    ap.add_argument("--kernels", type=int, default=0, metavar="N",
+                    help="--speculative-profile-kernels N on every server (kernel samples every N windows)")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     logs = os.path.join(a.out, "logs")
@@ -227,7 +229,7 @@ def main():
             os.remove(prof)
         argv = eagle3_args(target, draft, steps, topk, dt, GRAPH_BS, a.max_tokens) + [
             "--speculative-profile", "--speculative-profile-output", prof, "--speculative-profile-interval", "50",
-            "--context-length", "8192", *extra]
+            "--context-length", "8192", *extra] + (["--speculative-profile-kernels", str(a.kernels)] if a.kernels else [])
         if a.trace == name:
             env_t = dict(env, SGLANG_TORCH_PROFILER_DIR=os.path.join(a.out, "trace"))
             plan[name] = (argv, env_t)

@@ -81,6 +81,7 @@ class Folder:
         self._items: deque = deque()  # handed over, not yet folded
         self._urgent = 0  # flushes waiting: work regardless of the gate
         self.pause = (lambda: time.sleep(0)) if threaded else (lambda: None)
+        self.pause_turn = self._pause_turn if threaded else (lambda: None)
         self._wake = threading.Event()
         self._lock = threading.Lock()  # held by whoever folds an item: the reader, or the scheduler helping
         self._out: queue.Queue | None = None
@@ -93,7 +94,7 @@ class Folder:
 
     def submit(self, items: list) -> None:
         """A batch of ("slot", slot) / ("accept", correct, committed, skipped) / ("lost", kind)
-        / ("close", extra fields) items, in order."""
+        / ("close", extra fields) / ("kernels", a kernel sample) items, in order."""
         self._items.extend(items)
         if not self.threaded:
             self._fold(yield_gil=False)
@@ -191,6 +192,8 @@ class Folder:
                     self.window.add_accept(it[1], it[2], it[3])
                 elif kind == "lost":
                     r.lost(it[1])
+                elif kind == "kernels":
+                    r.kernel_sample(it[1])
                 elif kind == "close":
                     self._close(it[1])
                 elif kind == "flush":
@@ -225,6 +228,13 @@ class Folder:
             self.dropped_batches += 1
         else:
             self._out.put(summary)
+
+    def _pause_turn(self) -> None:
+        """Inside a long step on a helper (a kernel sample's events): the GIL goes back, and
+        the step goes on once the scheduler waits for the GPU again (or IDLE_S passed)."""
+        time.sleep(0)
+        if not (self.gate.is_open or self._urgent):
+            self.gate.wait()
 
     # -- the outputs thread -----------------------------------------------------------
     def _run_outputs(self):

@@ -95,8 +95,20 @@ def install(server_args, tp_rank: int = 0, worker: str = "v2") -> None:
         P = Profiler(backend, interval=server_args.speculative_profile_interval, sink=sinks,
                      config=config, rank=tp_rank, log_table=(tp_rank == 0), exchange=exchange, threaded=True, on_error=disable)
         P.follow_gc()
-        logger.info("speculative profile on (%s worker, window %d cycles, events through %s%s)", worker,
-                    server_args.speculative_profile_interval, backend.kind, f", JSONL {path}" if path else "")
+        every = getattr(server_args, "speculative_profile_kernels", 0) or 0
+        kernels = ""
+        if every:
+            try:
+                from .kernel_sampler import CYCLES, KernelSampler
+
+                P.kernels = KernelSampler(P, every)
+                P.config["kernels_every"] = every
+                kernels = f", kernel sample of {CYCLES} cycles every {every} windows (CUPTI ready in {P.kernels.warm_s} s)"
+            except Exception as e:
+                logger.warning("speculative profile: no kernel samples (%s: %s).", type(e).__name__, e)
+        logger.info("speculative profile on (%s worker, window %d cycles, events through %s%s%s)", worker,
+                    server_args.speculative_profile_interval, backend.kind, f", JSONL {path}" if path else "",
+                    kernels)
     except Exception as e:
         logger.warning("speculative profile could not start (%s: %s); serving without it.", type(e).__name__, e)
         P = NullProfiler()

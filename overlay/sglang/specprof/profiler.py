@@ -223,6 +223,10 @@ class Profiler(NullProfiler):
         self.decode_settled = 0
         self.drain_pending: set = set()  # cycles found drained before they were read
         self.charged: deque = deque(maxlen=2 * POOL)  # (cycle index, window, bs, ms) of recent reads
+        # --speculative-profile-kernels: the sampler (kernel_sampler.KernelSampler), and the
+        # samples read, waiting for a window to carry them (reader)
+        self.kernels = None
+        self.kernel_pending: deque = deque()
 
     def follow_gc(self):
         """Time the garbage collector's pauses of the host inside each cycle (the server's
@@ -535,6 +539,8 @@ class Profiler(NullProfiler):
             "tokens": dict(self.tokens),
         }))
         self._hand_over()
+        if self.kernels is not None:
+            self.kernels.window_closed(self.window_index)
         self.window_index += 1
         self.window_decode = 0
 
@@ -658,6 +664,9 @@ class Profiler(NullProfiler):
                 else:
                     t["decode_gpu_ms"] += ms
                     self.charged.append((k, window, s.bs, ms))
+        k = self.kernels
+        if k is not None and s.seq in k.seqs:  # a kernel sample's cycle: its event times, to compare
+            k.event_ms[s.seq] = [[name, g] for name, g, _ in phases]
         end = host[s.n - 1]
         if p is not None:
             self._recycle(p)
@@ -669,17 +678,33 @@ class Profiler(NullProfiler):
             s.reset()
         self.free.append(s)
 
+    def kernel_sample(self, smp):
+        """A kernel sample stopped (its cycles are read before it): their event times join it,
+        and the next window to close carries it."""
+        k = self.kernels
+        ev = k.event_ms if k is not None else {}
+        smp["event_ms"] = {q: ev.pop(q) for q in smp.get("seqs", []) if q in ev}
+        ev.clear()
+        self.kernel_pending.append(smp)
+
     def close_fields(self, extra):
         """At a window's close, on the reader: the fields counted there."""
         extra["dropped_cycles"] = self.dropped + self.read_dropped
         extra["steps_lost"] = self.steps_lost
         extra["totals"] = self._totals(extra.pop("tokens"))
+        if self.kernel_pending:
+            extra["_kernel_sample"] = self.kernel_pending.popleft()
+        if self.kernels is not None:
+            extra["kernel_samples"] = {"taken": self.kernels.samples, "skipped": self.kernels.skipped}
 
     def _publish(self, summary):
         """A closed window (on the folder's thread): each sink in turn; one that fails is
         dropped with a warning and the others go on."""
-        self._latest = summary
         pause = self.folder.pause
+        smp = summary.pop("_kernel_sample", None)
+        if smp is not None:
+            summary["kernels"] = self._kernel_block(smp)
+        self._latest = summary
         for sink in list(self.sinks):
             pause()
             try:
@@ -688,6 +713,18 @@ class Profiler(NullProfiler):
                 self.sinks.remove(sink)
                 logger.warning("speculative profile: %s failed (%s: %s) and is switched off.",
                                type(sink).__name__, type(e).__name__, e)
+
+    def _kernel_block(self, smp):
+        """A kernel sample as the window's `kernels` block (outputs thread, giving the GIL back
+        every few hundred events); one that cannot be read is an error line, nothing more."""
+        try:
+            from .kernel_sampler import analyse_sample
+
+            return analyse_sample(smp, self.folder.pause_turn)
+        except Exception as e:
+            smp.pop("prof", None)
+            first = (str(e).strip().splitlines() or [""])[0]
+            return {"window": smp.get("window"), "error": f"{type(e).__name__}: {first}"}
 
     @property
     def window(self):
@@ -734,6 +771,8 @@ class Profiler(NullProfiler):
             return
         self.broken = True
         self.cur = None
+        if self.kernels is not None:
+            self.kernels.shutdown()
         if self.on_error is not None:
             self.on_error(reason)
         else:

@@ -1,7 +1,7 @@
 """--speculative-profile and its options: the command line, and the check at startup.
 
-ServerArgs carries three fields (speculative_profile, speculative_profile_interval,
-speculative_profile_output); the patch to server_args.py calls into this module so that
+ServerArgs carries four fields (speculative_profile, speculative_profile_interval,
+speculative_profile_output, speculative_profile_kernels); the patch to server_args.py calls into this module so that
 the options and their validation live here, not in upstream's file.
 """
 
@@ -13,6 +13,7 @@ import stat
 
 # NEXTN is SGLang's name for EAGLE on MTP layers: 0.5.8 checks the flag before it renames it.
 PROFILED_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN")
+KERNELS_EVERY = 100  # --speculative-profile-kernels without N: one sample every 100 windows
 
 
 class SpecProfileArgError(ValueError):
@@ -43,15 +44,27 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         metavar="PATH",
         help="Append one JSON object per summary window to this JSONL file.",
     )
+    group.add_argument(
+        "--speculative-profile-kernels",
+        type=int,
+        nargs="?",
+        const=KERNELS_EVERY,
+        default=0,
+        metavar="N",
+        help="Every N windows, record a few decode cycles at kernel level with the torch "
+        "profiler (CUPTI) and break each phase down into GEMM, attention, communication, "
+        f"sampling, copies and idle time (no N: {KERNELS_EVERY}; default: off).",
+    )
 
 
 def validate(args) -> None:
     """Raise SpecProfileArgError if the profiler options cannot work together."""
     if not getattr(args, "speculative_profile", False):
-        if getattr(args, "speculative_profile_output", None):
-            raise SpecProfileArgError(
-                "--speculative-profile-output only takes effect with --speculative-profile; add it."
-            )
+        for opt in ("output", "kernels"):
+            if getattr(args, f"speculative_profile_{opt}", None):
+                raise SpecProfileArgError(
+                    f"--speculative-profile-{opt} only takes effect with --speculative-profile; add it."
+                )
         return
     algo = args.speculative_algorithm
     if algo is None:
@@ -67,6 +80,9 @@ def validate(args) -> None:
     interval = args.speculative_profile_interval
     if not isinstance(interval, int) or interval < 1:
         raise SpecProfileArgError(f"--speculative-profile-interval must be 1 or more, not {interval}.")
+    kernels = getattr(args, "speculative_profile_kernels", 0) or 0
+    if not isinstance(kernels, int) or kernels < 0:
+        raise SpecProfileArgError(f"--speculative-profile-kernels must be 0 (off) or more, not {kernels}.")
     path = args.speculative_profile_output
     if path:
         folder = os.path.dirname(os.path.abspath(path)) or "."

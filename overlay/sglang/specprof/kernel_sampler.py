@@ -1,0 +1,215 @@
+"""--speculative-profile-kernels N: every N windows, a few decode cycles at kernel level.
+
+The torch profiler that SGLang already ships (CUPTI through kineto: kernels, copies and
+memsets, those replayed from CUDA graphs included, each with the correlation of the host
+call that launched it) runs on the scheduler's thread for one cycle of context and
+CYCLES decode cycles; each phase mark of those cycles also leaves a zero-length
+annotation `specprof/<cycle>/<mark>` (`begin` carries the kind and batch size). The
+profiler stops at the first cycle start after the stretch's last event has completed,
+so every kernel of the stretch is in. What it recorded goes to the outputs thread,
+where `sglang_specprof.kernels` attributes each kernel to its phase and classes it; the
+next window carries the result as `kernels`.
+
+Nothing here runs between samples: the profiler's begin, mark and end are wrapped (on
+the instance) only while a sample is armed or running. A sample never starts while
+another torch profiler is on (SGLang's /start_profile): it is skipped and counted.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+logger = logging.getLogger("sglang.specprof")
+
+CYCLES = 8  # decode cycles per sample, after one of context
+WAIT_CYCLES = 64  # cycles the stretch's last event may take to complete before the sample is given up
+
+
+class KernelSampler:
+    def __init__(self, profiler, every: int, cycles: int = CYCLES, torch_module=None):
+        if torch_module is None:
+            import torch as torch_module
+        self.torch = torch_module
+        self.p = profiler
+        self.every = every
+        self.cycles = cycles
+        self.state = "idle"  # idle, armed, running, ending
+        self.prof = None
+        self.left = 0
+        self.seqs: set = set()  # cycles annotated in the running sample (the reader keeps their event times)
+        self.event_ms: dict = {}  # reader: cycle seq -> [[phase, GPU ms], ...]
+        self.end_event = None
+        self.waited = 0
+        self.sample = None
+        self.samples = 0
+        self.skipped = 0  # due, but another torch profiler was on
+        self.failed = 0
+        self.warm_s = self._warm()
+
+    def _new(self):
+        tp = self.torch.profiler
+        return tp.profile(activities=[tp.ProfilerActivity.CPU, tp.ProfilerActivity.CUDA], record_shapes=False,
+                          with_stack=False, profile_memory=False)
+
+    def _warm(self) -> float:
+        """CUPTI's first start takes seconds: pay it at startup, not in a serving cycle."""
+        t0 = time.perf_counter()
+        prof = self._new()
+        prof.start()
+        prof.stop()
+        return round(time.perf_counter() - t0, 3)
+
+    def _other_profiler_on(self) -> bool:
+        try:
+            return bool(self.torch._C._autograd._profiler_enabled())
+        except Exception:
+            return bool(getattr(self.torch.autograd.profiler, "_is_profiler_enabled", False))
+
+    # -- on the scheduler's thread --------------------------------------------------
+    def window_closed(self, index: int) -> None:
+        if self.state == "idle" and (index + 1) % self.every == 0:
+            self.state = "armed"
+            p = self.p
+            p.begin = self._begin
+
+    def _annotate(self, name: str) -> None:
+        with self.torch.profiler.record_function(name):
+            pass
+
+    def _begin(self, kind, bs, ctx=None):
+        p = self.p
+        st = self.state
+        if st == "ending":
+            self._try_stop()
+        type(p).begin(p, kind, bs, ctx)
+        st = self.state
+        if st == "armed":
+            if self._other_profiler_on():
+                self.skipped += 1
+                self._idle()
+                return
+            t0 = time.perf_counter()
+            self.prof = self._new()
+            self.prof.start()
+            self.sample = {"window": p.window_index, "start_s": time.perf_counter() - t0, "seqs": [],
+                           "t0": t0, "cycles_run": 0}
+            self.left = self.cycles + 1
+            self.seqs = set()
+            self.state = st = "running"
+            p.mark = self._mark
+            p.graph_replay = self._graph_replay
+            p.graph_replayed = self._graph_replayed
+            p.end = self._end
+        if self.sample is not None:
+            self.sample["cycles_run"] += 1
+        if st == "running":
+            s = p.cur
+            if s is not None:
+                self.seqs.add(s.seq)
+                self.sample["seqs"].append(s.seq)
+                self._annotate(f"specprof/{s.seq}/begin/{kind}/{bs}")
+
+    def _after(self, s, n0):
+        if s is not None and s.n > n0:
+            self._annotate(f"specprof/{s.seq}/{s.names[s.n - 1]}")
+
+    def _mark(self, name):
+        p = self.p
+        s = p.cur
+        n0 = s.n if s is not None else 0
+        type(p).mark(p, name)
+        self._after(s, n0)
+
+    def _graph_replay(self, key):
+        p = self.p
+        s = p.cur
+        n0 = s.n if s is not None else 0
+        type(p).graph_replay(p, key)
+        self._after(s, n0)
+
+    def _graph_replayed(self):
+        p = self.p
+        s = p.cur
+        n0 = s.n if s is not None else 0
+        type(p).graph_replayed(p)
+        self._after(s, n0)
+
+    def _end(self):
+        p = self.p
+        s = p.cur
+        type(p).end(p)
+        if s is not None and s.kind == "decode":
+            self.left -= 1
+            if self.left <= 0:
+                self.end_event = s.events[s.n - 1]
+                self.waited = 0
+                self.state = "ending"
+                for name in ("mark", "graph_replay", "graph_replayed", "end"):
+                    p.__dict__.pop(name, None)
+
+    def _try_stop(self):
+        """At a cycle's start once the stretch's last event completed: stop, hand it over."""
+        self.waited += 1
+        try:
+            done = self.p.backend.query(self.end_event)
+        except Exception:
+            done = False
+        if not done and self.waited < WAIT_CYCLES:
+            return
+        t0 = time.perf_counter()
+        prof, smp = self.prof, self.sample
+        self.prof = None
+        try:
+            # the stretch's work has completed: no device synchronisation on the way out
+            # (torch's profiler synchronises when it knows the device), which would stall
+            # the overlap scheduler for the cycle in flight
+            inner = getattr(prof, "profiler", None)
+            if inner is not None and hasattr(inner, "use_device"):
+                inner.use_device = None
+            prof.stop()
+        finally:
+            self._idle()
+        t1 = time.perf_counter()
+        smp["stop_s"] = t1 - t0
+        smp["host_span_s"] = t1 - smp.pop("t0")  # from the profiler's start to its stop
+        smp["complete"] = bool(done)
+        smp["prof"] = prof
+        self.samples += 1
+        self.p.items.append(("kernels", smp))
+
+    def _idle(self):
+        self.state = "idle"
+        self.sample = None
+        self.end_event = None
+        for name in ("begin", "mark", "graph_replay", "graph_replayed", "end"):
+            self.p.__dict__.pop(name, None)
+
+    def shutdown(self):
+        """The profiler is replaced (an internal error): leave no torch profiler running."""
+        prof, self.prof = self.prof, None
+        self._idle()
+        if prof is not None:
+            try:
+                prof.stop()
+            except Exception:
+                pass
+
+
+def analyse_sample(smp: dict, pause=None) -> dict:
+    """On the outputs thread: the recorded sample as the window's `kernels` block."""
+    from sglang_specprof.kernels import analyse, from_kineto
+
+    t0 = time.perf_counter()
+    prof = smp.pop("prof", None)
+    events = prof.profiler.kineto_results.events()
+    norm = from_kineto(events, pause)
+    del events, prof
+    block = analyse(norm, smp.get("event_ms"), pause=pause)
+    block["window"] = smp.get("window")
+    block["complete"] = smp.get("complete", True)
+    block["host_s"] = {"start": round(smp.get("start_s", 0.0), 5), "stop": round(smp.get("stop_s", 0.0), 5),
+                       "analyse": round(time.perf_counter() - t0, 5),
+                       "span": round(smp.get("host_span_s", 0.0), 5)}
+    block["cycles_run"] = smp.get("cycles_run")  # cycles started while the torch profiler ran
+    return block

@@ -1,0 +1,310 @@
+"""Kernels inside the phases: a short kernel-level trace of a few cycles, attributed and classed.
+
+The sampler in the server (`sglang.specprof.kernel_sampler`) runs the torch profiler (CUPTI
+through kineto) for a few decode cycles and puts a zero-length annotation
+`specprof/<cycle>/<mark>` at every phase mark. Each kernel (and copy, memset) comes back
+with the correlation of the host call that launched it (`cudaLaunchKernel`,
+`cudaGraphLaunch` for every kernel of a replayed graph, `cuLaunchKernel` for triton): the
+kernel belongs to the phase whose closing mark is the first annotation after that call.
+That holds under CUDA graphs and under the overlap scheduler (launch order on the host is
+the phase order, whenever the GPU runs it).
+
+From the same cycles, independent of the CUDA events that time the phases:
+
+- per phase: kernel time per class, the kernel count, the phase's span as the kernels
+  give it (end of the last kernel launched before its closing mark, less the same before
+  its opening mark: what a CUDA event recorded at each mark measures) and the idle time
+  inside that span (no kernel of the phase running);
+- coverage: the share of the decode cycles' kernel time that was launched inside a named
+  phase, against the kernels launched between cycles (the scheduler's own GPU work);
+- with the CUDA-event times of the same cycles, each phase's event span against its
+  kernel span.
+
+No torch here: the server hands the events over as tuples (`from_kineto`), a Chrome trace
+exported by the torch profiler reads the same way (`from_chrome`).
+"""
+
+from __future__ import annotations
+
+import bisect
+import re
+
+PREFIX = "specprof/"
+CLASSES = ("gemm", "attention", "communication", "sampling", "copy", "other")
+FORWARD_PHASES = ("draft", "verify", "draft_extend")
+TRACK_CYCLES = 2  # cycles whose kernels go into the window one by one (for the trace)
+
+# first match wins, in this order
+_RULES = (
+    ("communication", re.compile(r"nccl|all_?reduce|all_?gather|reduce_?scatter|cross_device|custom_ar|"
+                                 r"one_?shot|two_?shot|multimem|all_?to_?all|broadcast")),
+    ("attention", re.compile(r"attn|attention|flash|fmha|_mha|mla|paged|_fwd_\w*kernel|decode_kernel|"
+                             r"extend_kernel|sdpa|merge_state")),
+    ("gemm", re.compile(r"gemm|gemv|cutlass|cublas|xmma|nvjet|wgmma|matmul|_mm_|splitk|sm90_|sm80_|"
+                        r"ampere_|hopper_|scaled_mm|deep_gemm|_gemm")),
+    ("sampling", re.compile(r"top_?k|top_?p|sampl|softmax|argmax|multinomial|tree|accept|verify|cumsum|"
+                            r"radix|sort|gumbel|select")),
+    ("copy", re.compile(r"memcpy|memset|copy|catarray|fill")),
+)
+
+
+def kernel_class(name: str) -> str:
+    low = name.lower()
+    for cls, rx in _RULES:
+        if rx.search(low):
+            return cls
+    return "other"
+
+
+def from_kineto(events, pause=None) -> dict:
+    """The torch profiler's kineto events (`prof.profiler.kineto_results.events()`), as
+    plain tuples: annotations, host launches by correlation, device kernels."""
+    ann, launches, kernels = [], {}, []
+    for i, e in enumerate(events):
+        if pause is not None and i % 512 == 511:
+            pause()
+        name = e.name()
+        on_gpu = str(e.device_type()).endswith("CUDA")
+        if name.startswith(PREFIX):
+            if not on_gpu:
+                ann.append((e.start_ns(), name))
+            continue
+        if on_gpu:
+            if not e.is_user_annotation():
+                start = e.start_ns()
+                kernels.append((start, start + e.duration_ns(), e.correlation_id(), name))
+        elif name.startswith("cu"):
+            launches[e.correlation_id()] = e.start_ns()
+    return {"annotations": ann, "launches": launches, "kernels": kernels}
+
+
+def from_chrome(trace: dict) -> dict:
+    """A Chrome trace exported by the torch profiler (`export_chrome_trace`), as tuples."""
+    ann, launches, kernels = [], {}, []
+    for e in trace.get("traceEvents", []):
+        cat = e.get("cat")
+        name = e.get("name", "")
+        if cat == "user_annotation" and name.startswith(PREFIX):
+            ann.append((round(e["ts"] * 1000), name))
+        elif cat in ("cuda_runtime", "cuda_driver"):
+            c = (e.get("args") or {}).get("correlation")
+            if c is not None:
+                launches[c] = round(e["ts"] * 1000)
+        elif cat in ("kernel", "gpu_memcpy", "gpu_memset"):
+            c = (e.get("args") or {}).get("correlation")
+            start = round(e["ts"] * 1000)
+            kernels.append((start, start + round(e.get("dur", 0) * 1000), c, name))
+    return {"annotations": ann, "launches": launches, "kernels": kernels}
+
+
+def _parse_marks(annotations):
+    """Annotations sorted by host time -> [(ts, seq, mark)], and each cycle's kind and bs."""
+    marks, cycles = [], {}
+    for ts, name in sorted(annotations):
+        parts = name[len(PREFIX):].split("/")
+        try:
+            seq = int(parts[0])
+        except (ValueError, IndexError):
+            continue
+        mark = parts[1] if len(parts) > 1 else ""
+        if mark == "begin":
+            kind = parts[2] if len(parts) > 2 else "decode"
+            bs = int(parts[3]) if len(parts) > 3 and parts[3].isdigit() else None
+            cycles[seq] = {"kind": kind, "bs": bs, "marks": [(ts, "begin")]}
+        elif seq in cycles:
+            cycles[seq]["marks"].append((ts, mark))
+        else:
+            continue
+        marks.append((ts, seq, mark, len(cycles[seq]["marks"]) - 1))
+    return marks, cycles
+
+
+def _union(intervals) -> float:
+    total, end = 0, None
+    for a, b in sorted(intervals):
+        if end is None or a > end:
+            total += b - a
+            end = b
+        elif b > end:
+            total += b - end
+            end = b
+    return total
+
+
+def analyse(norm: dict, event_ms: dict | None = None, tracks: int = TRACK_CYCLES, pause=None) -> dict:
+    """The `kernels` block of a window from one sampled stretch.
+
+    `event_ms`: {cycle seq: [[phase, GPU ms by the CUDA events], ...]} for the same cycles.
+    The first cycle of the stretch is context only (kernels launched before the profiler
+    started would be missing from it); the figures cover the decode cycles after it."""
+    marks, cycles = _parse_marks(norm["annotations"])
+    launches = norm["launches"]
+    seqs = sorted(cycles)
+    counted = [q for q in seqs[1:] if cycles[q]["kind"] == "decode"]
+    counted_set = set(counted)
+    # each kernel: its launch time and the annotation that follows the launch
+    placed = []  # (launch ts, start, end, name)
+    unmatched = 0
+    for i, (start, end, corr, name) in enumerate(norm["kernels"]):
+        if pause is not None and i % 512 == 511:
+            pause()
+        lt = launches.get(corr)
+        if lt is None:
+            unmatched += 1
+            continue
+        placed.append((lt, start, end, name))
+    placed.sort()
+    # phase of each kernel; the boundary time at each mark (latest end of anything launched before it)
+    per_phase: dict = {}  # (seq, mark index) -> list of (start, end, name)
+    between: dict = {}  # seq -> kernels launched after the previous cycle's last mark, before its begin
+    boundary = {}  # (seq, mark index) -> ns
+    latest = None
+    k = 0
+    for ts, seq, mark, j in marks:
+        while k < len(placed) and placed[k][0] < ts:
+            lt, start, end, name = placed[k]
+            latest = end if latest is None or end > latest else latest
+            if mark == "begin":
+                if seq in counted_set:
+                    between.setdefault(seq, []).append((start, end, name))
+            elif seq in counted_set:
+                per_phase.setdefault((seq, j), []).append((start, end, name))
+            k += 1
+        boundary[(seq, j)] = latest
+    phases: dict = {}
+    in_phase = 0
+    tracks_out = []
+    names_table: list = []
+    name_ix: dict = {}
+    ev = event_ms or {}
+    for n, seq in enumerate(counted):
+        c = cycles[seq]
+        evrow = {}
+        for name, ms in ev.get(seq) or ev.get(str(seq)) or []:
+            evrow.setdefault(name, []).append(ms)
+        used = {}
+        track = {"cycle": seq, "bs": c["bs"], "phases": [], "kernels": []} if n < tracks else None
+        b0 = boundary.get((seq, 0))
+        for j in range(1, len(c["marks"])):
+            pname = c["marks"][j][1]
+            ks = per_phase.get((seq, j), [])
+            lo, hi = boundary.get((seq, j - 1)), boundary.get((seq, j))
+            span = (hi - lo) if lo is not None and hi is not None else None
+            p = phases.setdefault(pname, {"cycles": 0, "kernels": 0, "kernel_ms": 0.0,
+                                          "busy_ms": {cls: 0.0 for cls in CLASSES}, "span_ms": 0.0,
+                                          "idle_ms": 0.0, "event_ms": None})
+            p["cycles"] += 1
+            p["kernels"] += len(ks)
+            for start, end, kname in ks:
+                d = (end - start) / 1e6
+                p["busy_ms"][kernel_class(kname)] += d
+                p["kernel_ms"] += d
+                in_phase += end - start
+            if span is not None:
+                p["span_ms"] += span / 1e6
+                clipped = [(max(a, lo), min(b, hi)) for a, b, _ in ks if min(b, hi) > max(a, lo)]
+                p["idle_ms"] += (span - _union(clipped)) / 1e6
+            i = used.get(pname, 0)
+            used[pname] = i + 1
+            got = evrow.get(pname) or []
+            if i < len(got):
+                p["event_ms"] = (p["event_ms"] or 0.0) + got[i]
+            if track is not None and b0 is not None and lo is not None and hi is not None:
+                track["phases"].append([pname, round((lo - b0) / 1e3, 3), round((hi - lo) / 1e3, 3)])
+                for start, end, kname in ks:
+                    if kname not in name_ix:
+                        name_ix[kname] = len(names_table)
+                        names_table.append(kname)
+                    track["kernels"].append([round((start - b0) / 1e3, 3), round((end - start) / 1e3, 3),
+                                             len(track["phases"]) - 1, CLASSES.index(kernel_class(kname)),
+                                             name_ix[kname]])
+        if track is not None:
+            tracks_out.append(track)
+    gap_busy = {cls: 0.0 for cls in CLASSES}
+    gap_names: dict = {}
+    gap_total = 0
+    gap_count = 0
+    for seq, ks in between.items():
+        for start, end, kname in ks:
+            gap_total += end - start
+            gap_count += 1
+            gap_busy[kernel_class(kname)] += (end - start) / 1e6
+            gap_names[kname] = gap_names.get(kname, 0) + (end - start)
+    for p in phases.values():
+        for key in ("kernel_ms", "span_ms", "idle_ms", "event_ms"):
+            if p[key] is not None:
+                p[key] = round(p[key], 4)
+        p["busy_ms"] = {cls: round(v, 4) for cls, v in p["busy_ms"].items()}
+        p["span_vs_events"] = (round(p["span_ms"] / p["event_ms"], 4)
+                               if p["event_ms"] and p["span_ms"] else None)
+    total = in_phase + gap_total
+    return {
+        "cycles": len(counted),
+        "bs": [cycles[q]["bs"] for q in counted],
+        "coverage": round(in_phase / total, 5) if total else None,
+        "kernel_ms": round(total / 1e6, 4),
+        "phases": phases,
+        "between_cycles": {"kernels": gap_count, "kernel_ms": round(gap_total / 1e6, 4),
+                           "busy_ms": {cls: round(v, 4) for cls, v in gap_busy.items()},
+                           "top": [[n, round(v / 1e6, 4)] for n, v in
+                                   sorted(gap_names.items(), key=lambda x: -x[1])[:5]]},
+        "unmatched_kernels": unmatched,
+        "classes": list(CLASSES),
+        "tracks": tracks_out,
+        "names": names_table,
+    }
+
+
+def merge(blocks: list[dict]) -> dict | None:
+    """Several windows' `kernels` blocks as one (sums; coverage and ratios from the sums)."""
+    blocks = [b for b in blocks if b and b.get("phases") is not None]
+    if not blocks:
+        return None
+    phases: dict = {}
+    in_phase = gap = 0.0
+    gap_busy = {cls: 0.0 for cls in CLASSES}
+    for b in blocks:
+        for name, p in b["phases"].items():
+            q = phases.setdefault(name, {"cycles": 0, "kernels": 0, "kernel_ms": 0.0,
+                                         "busy_ms": {cls: 0.0 for cls in CLASSES}, "span_ms": 0.0,
+                                         "idle_ms": 0.0, "event_ms": None})
+            for key in ("cycles", "kernels", "kernel_ms", "span_ms", "idle_ms"):
+                q[key] += p.get(key) or 0
+            if p.get("event_ms") is not None:
+                q["event_ms"] = (q["event_ms"] or 0.0) + p["event_ms"]
+            for cls, v in (p.get("busy_ms") or {}).items():
+                q["busy_ms"][cls] = q["busy_ms"].get(cls, 0.0) + v
+            in_phase += p.get("kernel_ms") or 0
+        g = b.get("between_cycles") or {}
+        gap += g.get("kernel_ms") or 0
+        for cls, v in (g.get("busy_ms") or {}).items():
+            gap_busy[cls] = gap_busy.get(cls, 0.0) + v
+    for p in phases.values():
+        p["span_vs_events"] = round(p["span_ms"] / p["event_ms"], 4) if p["event_ms"] and p["span_ms"] else None
+    total = in_phase + gap
+    return {"samples": len(blocks), "cycles": sum(b.get("cycles") or 0 for b in blocks),
+            "coverage": round(in_phase / total, 5) if total else None, "kernel_ms": round(total, 4),
+            "phases": phases, "between_cycles": {"kernel_ms": round(gap, 4), "busy_ms": gap_busy},
+            "unmatched_kernels": sum(b.get("unmatched_kernels") or 0 for b in blocks)}
+
+
+def format_block(k: dict) -> list[str]:
+    """Lines for the log and the report: coverage, then each phase's kernel time by class."""
+    if not k or not k.get("phases"):
+        return []
+    cov = k.get("coverage")
+    head = (f"kernels ({k.get('cycles')} sampled decode cycles): coverage "
+            f"{'-' if cov is None else f'{100 * cov:.2f}%'} of kernel time inside a phase, between cycles "
+            f"{(k.get('between_cycles') or {}).get('kernel_ms', 0):.3f} ms")
+    lines = [head, f"{'phase':<20}{'span ms':>9}{'events':>9}{'kern ms':>9}{'idle ms':>9}{'n':>6}  "
+             + " ".join(f"{c[:6]:>7}" for c in CLASSES)]
+    for name, p in k["phases"].items():
+        cyc = max(p.get("cycles") or 1, 1)
+        kern = p.get("kernel_ms") or 0.0
+        shares = " ".join(f"{(100 * (p['busy_ms'].get(c) or 0) / kern if kern else 0):>6.1f}%" for c in CLASSES)
+        evm = p.get("event_ms")
+        lines.append(f"{name:<20}{p['span_ms'] / cyc:>9.3f}{'-' if evm is None else f'{evm / cyc:.3f}':>9}"
+                     f"{kern / cyc:>9.3f}{(p.get('idle_ms') or 0) / cyc:>9.3f}{p['kernels'] // cyc:>6}  {shares}")
+    lines.append("(per cycle: span from the kernels' ends at the phase's marks, `events` the CUDA events' span, "
+                 "class shares of the phase's kernel time)")
+    return lines

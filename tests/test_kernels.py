@@ -1,0 +1,247 @@
+"""Kernel samples on the CPU: the sampler's life on a fake torch, attribution and classes, the outputs."""
+import json
+
+import pytest
+
+from fakes import FakeBackend, FakeTorch
+from sglang.specprof.kernel_sampler import KernelSampler
+from sglang.specprof.profiler import Profiler
+from sglang_specprof import kernels as K
+from sglang_specprof.table import format_summary
+
+# phase: [(kernel, ms)], as a v2 decode cycle launches them
+CYCLE = [
+    ("draft_prep", [("triton_poi_fused_copy_0", 0.05)]),
+    ("draft_inputs", [("Memcpy HtoD (Pinned -> Device)", 0.01)]),
+    ("draft", [("nvjet_tst_128x64_64x4_1x2_h_bz_TNT", 0.3), ("_fwd_kernel_stage1", 0.1),
+               ("topk_kernel", 0.05)]),
+    ("tree", [("build_tree_kernel_efficient", 0.04)]),
+    ("verify", [("sm90_xmma_gemm_bf16bf16_bf16f32", 4.0), ("_fwd_grouped_kernel_stage1", 1.0),
+                ("cross_device_reduce_1stage", 0.5), ("rms_norm_kernel", 0.2)]),
+    ("accept", [("verify_tree_greedy", 0.1)]),
+    ("draft_extend", [("nvjet_tst_64x8", 0.6), ("extend_attention_fwd", 0.2)]),
+]
+BETWEEN = [("vectorized_elementwise_kernel<4, FillFunctor>", 0.03)]
+
+
+def cycle(p, ft, bs=2, idle_in=None):
+    p.begin("decode", bs)
+    for name, ks in CYCLE:
+        for kname, ms in ks:
+            ft.launch(kname, ms, via="cudaGraphLaunch" if name == "verify" else "cudaLaunchKernel")
+        if name == idle_in:
+            ft.b.advance(0.25)  # the device waits for the host before the phase's mark
+        p.mark(name)
+    p.end()
+    p.harvest([1] * bs)
+    for kname, ms in BETWEEN:
+        ft.launch(kname, ms)
+
+
+@pytest.fixture
+def rig():
+    b = FakeBackend()
+    out = []
+    p = Profiler(b, interval=5, sink=out.append, config={"num_steps": 3, "worker": "v2"}, clock=b.clock,
+                 log_table=False)
+    ft = FakeTorch(b)
+    p.kernels = KernelSampler(p, every=2, cycles=3, torch_module=ft)
+    return p, b, ft, out
+
+
+def test_classes_of_kernel_names():
+    assert K.kernel_class("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64") == "gemm"
+    assert K.kernel_class("nvjet_tst_128x64_64x4_1x2_h_bz_TNT") == "gemm"
+    assert K.kernel_class("_fwd_grouped_kernel_stage1") == "attention"
+    assert K.kernel_class("ncclDevKernel_AllReduce_Sum_bf16_RING_LL") == "communication"
+    assert K.kernel_class("cross_device_reduce_1stage<__nv_bfloat16, 2>") == "communication"
+    assert K.kernel_class("verify_tree_greedy") == "sampling"
+    assert K.kernel_class("Memcpy DtoH (Device -> Pinned)") == "copy"
+    assert K.kernel_class("Memset (Device)") == "copy"
+    assert K.kernel_class("rms_norm_kernel") == "other"
+
+
+def test_a_sample_attributes_every_kernel_to_its_phase(rig):
+    p, b, ft, out = rig
+    for _ in range(30):
+        cycle(p, ft)
+    p.flush()
+    with_k = [w for w in out if w.get("kernels")]
+    assert len(with_k) >= 1
+    k = with_k[0]["kernels"]
+    assert "error" not in k, k
+    assert k["window"] == 2 and k["cycles"] == 3 and k["bs"] == [2, 2, 2] and k["complete"]
+    assert ft.starts == 1 + p.kernels.samples  # the warm-up start, then one per sample
+    assert ft.synced == 1  # only the warm-up's stop synchronised; a sample's does not
+    ph = k["phases"]
+    assert list(ph) == [n for n, _ in CYCLE]
+    v = ph["verify"]
+    assert v["cycles"] == 3 and v["kernels"] == 12
+    assert v["busy_ms"]["gemm"] == pytest.approx(12.0)
+    assert v["busy_ms"]["attention"] == pytest.approx(3.0)
+    assert v["busy_ms"]["communication"] == pytest.approx(1.5)
+    assert v["busy_ms"]["other"] == pytest.approx(0.6)
+    assert v["kernel_ms"] == pytest.approx(17.1)
+    assert v["idle_ms"] == pytest.approx(0.0, abs=1e-6)
+    # the fake device runs each kernel at its launch: kernel spans are the CUDA events' spans
+    for name, q in ph.items():
+        assert q["span_vs_events"] == pytest.approx(1.0, abs=1e-3), name
+    per_cycle = sum(ms for _, ks in CYCLE for _, ms in ks)
+    gap = sum(ms for _, ms in BETWEEN)
+    assert k["coverage"] == pytest.approx(per_cycle / (per_cycle + gap), abs=1e-4)
+    assert k["between_cycles"]["kernels"] == 3
+    assert k["between_cycles"]["top"][0][0].startswith("vectorized_elementwise_kernel")
+    # tracks for the trace: the first cycles' kernels one by one, positions from the cycle's start
+    t = k["tracks"][0]
+    assert [x[0] for x in t["phases"]] == [n for n, _ in CYCLE]
+    assert len(t["kernels"]) == sum(len(ks) for _, ks in CYCLE)
+    assert k["names"][t["kernels"][0][4]] == "triton_poi_fused_copy_0"
+    json.dumps(k)  # JSON as it stands
+
+
+def test_between_samples_the_hot_path_is_the_plain_one(rig):
+    p, b, ft, out = rig
+    for i in range(40):
+        cycle(p, ft)
+        st = p.kernels.state
+        wrapped = {n for n in ("begin", "mark", "end", "graph_replay", "graph_replayed") if n in p.__dict__}
+        if st == "idle":
+            assert not wrapped, (i, wrapped)
+        elif st == "running":
+            assert wrapped == {"begin", "mark", "end", "graph_replay", "graph_replayed"}
+    p.flush()
+    assert p.kernels.samples >= 3
+    assert all("error" not in w["kernels"] for w in out if w.get("kernels"))
+
+
+def test_idle_at_a_phases_end_goes_to_the_next_phase_in_the_kernel_view(rig):
+    """The device waits on the host after verify's last kernel: the CUDA event at verify's
+    mark holds the wait, the kernels' ends do not (it shows in accept's span, as idle)."""
+    p, b, ft, out = rig
+    for _ in range(20):
+        cycle(p, ft, idle_in="verify")
+    p.flush()
+    k = next(w["kernels"] for w in out if w.get("kernels"))
+    v, a = k["phases"]["verify"], k["phases"]["accept"]
+    assert v["span_ms"] == pytest.approx(3 * 5.7, abs=1e-3)
+    assert v["event_ms"] == pytest.approx(3 * 5.95, abs=1e-3)
+    assert a["idle_ms"] == pytest.approx(3 * 0.25, abs=1e-3)
+    assert a["span_ms"] + v["span_ms"] == pytest.approx(a["event_ms"] + v["event_ms"], abs=1e-3)
+
+
+def test_no_sample_while_another_torch_profiler_runs(rig):
+    p, b, ft, out = rig
+    ft.other_on = True
+    for _ in range(16):
+        cycle(p, ft)
+    p.flush()
+    assert p.kernels.samples == 0 and p.kernels.skipped == 1
+    assert out[-1]["kernel_samples"] == {"taken": 0, "skipped": 1}
+    assert not any(w.get("kernels") for w in out)
+    assert "begin" not in p.__dict__
+
+
+def test_a_sample_that_cannot_be_read_is_one_line_and_profiling_goes_on(rig):
+    p, b, ft, out = rig
+
+    class Broken:
+        def events(self):
+            raise RuntimeError("kineto gave nothing back")
+
+    real_stop = ft.profiler.profile.stop
+
+    def stop(self):
+        real_stop(self)
+        self.profiler.kineto_results = Broken()
+
+    ft.profiler.profile.stop = stop
+    try:
+        for _ in range(21):  # v2 counts a cycle at its commit, or when the next one's list comes
+            cycle(p, ft)
+        p.flush()
+    finally:
+        ft.profiler.profile.stop = real_stop
+    k = next(w["kernels"] for w in out if w.get("kernels"))
+    assert k["error"].startswith("RuntimeError: kineto gave nothing back")
+    assert not p.broken and len(out) == 4
+    assert "could not be read" in format_summary(out[-1] if out[-1].get("kernels") else
+                                                 next(w for w in out if w.get("kernels")))
+
+
+def test_the_log_table_shows_the_breakdown(rig):
+    p, b, ft, out = rig
+    for _ in range(20):
+        cycle(p, ft)
+    p.flush()
+    w = next(w for w in out if w.get("kernels"))
+    text = format_summary(w)
+    assert "kernels (3 sampled decode cycles): coverage" in text
+    rows = text.splitlines()
+    at = next(i for i, x in enumerate(rows) if "kernels (3 sampled" in x)
+    line = next(x for x in rows[at:] if x.strip().startswith("verify "))
+    # verify per cycle: span 5.7 ms, 4 kernels, gemm 4.0 / 5.7 = 70.2%
+    assert "5.700" in line and "70.2%" in line
+
+
+def test_a_chrome_trace_reads_like_the_servers_events():
+    trace = {"traceEvents": [
+        {"cat": "user_annotation", "name": "specprof/7/begin/decode/1", "ts": 100.0, "dur": 0.1},
+        {"cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 101.0, "dur": 3, "args": {"correlation": 1}},
+        {"cat": "kernel", "name": "gemm_a", "ts": 110.0, "dur": 20.0, "args": {"correlation": 1}},
+        {"cat": "user_annotation", "name": "specprof/7/verify", "ts": 105.0, "dur": 0.1},
+        {"cat": "user_annotation", "name": "specprof/8/begin/decode/1", "ts": 200.0, "dur": 0.1},
+        {"cat": "cuda_driver", "name": "cuLaunchKernel", "ts": 201.0, "dur": 3, "args": {"correlation": 2}},
+        {"cat": "kernel", "name": "triton_attn_fwd", "ts": 210.0, "dur": 5.0, "args": {"correlation": 2}},
+        {"cat": "cuda_runtime", "name": "cudaGraphLaunch", "ts": 202.0, "dur": 3, "args": {"correlation": 3}},
+        {"cat": "kernel", "name": "nvjet_x", "ts": 215.0, "dur": 10.0, "args": {"correlation": 3}},
+        {"cat": "gpu_memcpy", "name": "Memcpy DtoD", "ts": 226.0, "dur": 1.0, "args": {"correlation": 4}},
+        {"cat": "user_annotation", "name": "specprof/8/verify", "ts": 203.0, "dur": 0.1},
+        {"cat": "cuda_runtime", "name": "cudaMemcpyAsync", "ts": 204.0, "dur": 3, "args": {"correlation": 4}},
+        {"cat": "user_annotation", "name": "specprof/8/accept", "ts": 205.0, "dur": 0.1},
+    ]}
+    k = K.analyse(K.from_chrome(trace), {8: [["verify", 0.0151], ["accept", 0.0011]]})
+    assert k["cycles"] == 1  # cycle 7 is the stretch's context
+    v = k["phases"]["verify"]
+    assert v["kernels"] == 2 and v["busy_ms"]["attention"] == pytest.approx(0.005)
+    assert v["busy_ms"]["gemm"] == pytest.approx(0.010)
+    assert v["span_ms"] == pytest.approx(0.225 - 0.130)  # from the end of cycle 7's gemm
+    assert k["phases"]["accept"]["busy_ms"]["copy"] == pytest.approx(0.001)
+    assert k["coverage"] == 1.0
+
+
+def test_merge_sums_samples():
+    a = {"cycles": 2, "coverage": 0.9, "phases": {"verify": {"cycles": 2, "kernels": 4, "kernel_ms": 9.0,
+         "busy_ms": {"gemm": 9.0}, "span_ms": 10.0, "idle_ms": 1.0, "event_ms": 10.0}},
+         "between_cycles": {"kernel_ms": 1.0, "busy_ms": {"copy": 1.0}}, "unmatched_kernels": 1}
+    m = K.merge([a, a, {"window": 3, "error": "x"}])
+    assert m["samples"] == 2 and m["cycles"] == 4
+    assert m["phases"]["verify"]["kernel_ms"] == 18.0 and m["phases"]["verify"]["span_vs_events"] == 1.0
+    assert m["coverage"] == pytest.approx(18 / 20)
+    assert m["unmatched_kernels"] == 2
+
+
+def test_report_table_plot_and_trace_carry_the_samples(rig, tmp_path):
+    from sglang_specprof import report
+    from sglang_specprof.trace import trace
+
+    p, b, ft, out = rig
+    for _ in range(45):
+        cycle(p, ft)
+    p.flush()
+    s = report.summarize(out)
+    k = s["kernels"]
+    assert k["samples"] == sum(1 for w in out if w.get("kernels"))
+    assert k["samples"] >= 2
+    assert k["phases"]["verify"]["busy_ms"]["gemm"] == pytest.approx(12.0 * k["samples"])
+    text = report.render(s, {})
+    assert "kernel samples merged" in text and "coverage" in text
+    tr = trace(out)
+    kern = [e for e in tr["traceEvents"] if e.get("tid") == 4 and e.get("ph") == "X"]
+    assert len(kern) == k["samples"] * 2 * sum(len(ks) for _, ks in CYCLE)
+    assert {e["args"]["class"] for e in kern} >= {"gemm", "attention", "communication", "sampling", "copy"}
+    pytest.importorskip("matplotlib")
+    from sglang_specprof.plot import plot
+
+    drawn = plot(s, str(tmp_path / "p.png"))
+    per_cycle_gemm = drawn["kernels"]["gemm"][[n for n, _ in CYCLE].index("verify")]
+    assert per_cycle_gemm == pytest.approx(4.0)
