@@ -26,13 +26,13 @@ exported by the torch profiler reads the same way (`from_chrome`).
 
 from __future__ import annotations
 
-import bisect
 import re
 
 PREFIX = "specprof/"
 CLASSES = ("gemm", "attention", "communication", "sampling", "copy", "other")
 FORWARD_PHASES = ("draft", "verify", "draft_extend")
 TRACK_CYCLES = 2  # cycles whose kernels go into the window one by one (for the trace)
+NAME_CHARS = 160  # kernel names as the window keeps them (C++ templates run to thousands)
 
 # first match wins, in this order
 _RULES = (
@@ -61,7 +61,7 @@ def from_kineto(events, pause=None) -> dict:
     plain tuples: annotations, host launches by correlation, device kernels."""
     ann, launches, kernels = [], {}, []
     for i, e in enumerate(events):
-        if pause is not None and i % 512 == 511:
+        if pause is not None and i % 128 == 127:
             pause()
         name = e.name()
         on_gpu = str(e.device_type()).endswith("CUDA")
@@ -146,7 +146,7 @@ def analyse(norm: dict, event_ms: dict | None = None, tracks: int = TRACK_CYCLES
     placed = []  # (launch ts, start, end, name)
     unmatched = 0
     for i, (start, end, corr, name) in enumerate(norm["kernels"]):
-        if pause is not None and i % 512 == 511:
+        if pause is not None and i % 128 == 127:
             pause()
         lt = launches.get(corr)
         if lt is None:
@@ -214,7 +214,7 @@ def analyse(norm: dict, event_ms: dict | None = None, tracks: int = TRACK_CYCLES
                 for start, end, kname in ks:
                     if kname not in name_ix:
                         name_ix[kname] = len(names_table)
-                        names_table.append(kname)
+                        names_table.append(kname[:NAME_CHARS])
                     track["kernels"].append([round((start - b0) / 1e3, 3), round((end - start) / 1e3, 3),
                                              len(track["phases"]) - 1, CLASSES.index(kernel_class(kname)),
                                              name_ix[kname]])
@@ -246,7 +246,7 @@ def analyse(norm: dict, event_ms: dict | None = None, tracks: int = TRACK_CYCLES
         "phases": phases,
         "between_cycles": {"kernels": gap_count, "kernel_ms": round(gap_total / 1e6, 4),
                            "busy_ms": {cls: round(v, 4) for cls, v in gap_busy.items()},
-                           "top": [[n, round(v / 1e6, 4)] for n, v in
+                           "top": [[n[:NAME_CHARS], round(v / 1e6, 4)] for n, v in
                                    sorted(gap_names.items(), key=lambda x: -x[1])[:5]]},
         "unmatched_kernels": unmatched,
         "classes": list(CLASSES),
