@@ -86,10 +86,13 @@ def test_a_sample_attributes_every_kernel_to_its_phase(rig):
     # the fake device runs each kernel at its launch: kernel spans are the CUDA events' spans
     for name, q in ph.items():
         assert q["span_vs_events"] == pytest.approx(1.0, abs=1e-3), name
+        assert q["events_agree"] is True, name
     per_cycle = sum(ms for _, ks in CYCLE for _, ms in ks)
     gap = sum(ms for _, ms in BETWEEN)
     assert k["coverage"] == pytest.approx(per_cycle / (per_cycle + gap), abs=1e-4)
     assert k["between_cycles"]["kernels"] == 3
+    assert k["slowed"] == pytest.approx(1.0, abs=0.02)  # the fake host is no slower while sampled
+    assert ph["verify"]["window_ms"] == pytest.approx(5.7, abs=1e-3)
     assert k["between_cycles"]["top"][0][0].startswith("vectorized_elementwise_kernel")
     # tracks for the trace: the first cycles' kernels one by one, positions from the cycle's start
     t = k["tracks"][0]
@@ -126,6 +129,10 @@ def test_idle_at_a_phases_end_goes_to_the_next_phase_in_the_kernel_view(rig):
     assert v["span_ms"] == pytest.approx(3 * 5.7, abs=1e-3)
     assert v["event_ms"] == pytest.approx(3 * 5.95, abs=1e-3)
     assert a["idle_ms"] == pytest.approx(3 * 0.25, abs=1e-3)
+    # accept's event span (its kernel only) lies between its kernels' spans: it agrees ...
+    assert a["own_span_ms"] == pytest.approx(3 * 0.1, abs=1e-3) and a["events_agree"] is True
+    # ... and verify's holds the wait past its last kernel: 4% over its span, it does not
+    assert v["events_agree"] is False
     assert a["span_ms"] + v["span_ms"] == pytest.approx(a["event_ms"] + v["event_ms"], abs=1e-3)
 
 
@@ -180,7 +187,7 @@ def test_the_log_table_shows_the_breakdown(rig):
     at = next(i for i, x in enumerate(rows) if "kernels (3 sampled" in x)
     line = next(x for x in rows[at:] if x.strip().startswith("verify "))
     # verify per cycle: span 5.7 ms, 4 kernels, gemm 4.0 / 5.7 = 70.2%
-    assert "5.700" in line and "70.2%" in line
+    assert "5.700" in line and "70.2%" in line and " yes " in line
 
 
 def test_a_chrome_trace_reads_like_the_servers_events():

@@ -192,7 +192,7 @@ def analyse(norm: dict, event_ms: dict | None = None, tracks: int = TRACK_CYCLES
             span = (hi - lo) if lo is not None and hi is not None else None
             p = phases.setdefault(pname, {"cycles": 0, "kernels": 0, "kernel_ms": 0.0,
                                           "busy_ms": {cls: 0.0 for cls in CLASSES}, "span_ms": 0.0,
-                                          "idle_ms": 0.0, "event_ms": None})
+                                          "own_span_ms": 0.0, "idle_ms": 0.0, "event_ms": None})
             p["cycles"] += 1
             p["kernels"] += len(ks)
             for start, end, kname in ks:
@@ -202,6 +202,8 @@ def analyse(norm: dict, event_ms: dict | None = None, tracks: int = TRACK_CYCLES
                 in_phase += end - start
             if span is not None:
                 p["span_ms"] += span / 1e6
+                if ks:  # from the phase's first kernel: the opening mark's event completes in between
+                    p["own_span_ms"] += max(hi - min(a for a, _, _ in ks), 0) / 1e6
                 clipped = [(max(a, lo), min(b, hi)) for a, b, _ in ks if min(b, hi) > max(a, lo)]
                 p["idle_ms"] += (span - _union(clipped)) / 1e6
             i = used.get(pname, 0)
@@ -219,6 +221,7 @@ def analyse(norm: dict, event_ms: dict | None = None, tracks: int = TRACK_CYCLES
                                              len(track["phases"]) - 1, CLASSES.index(kernel_class(kname)),
                                              name_ix[kname]])
         if track is not None:
+            track["events"] = [[name, round(ms, 4)] for name, ms in (ev.get(seq) or ev.get(str(seq)) or [])]
             tracks_out.append(track)
     gap_busy = {cls: 0.0 for cls in CLASSES}
     gap_names: dict = {}
@@ -231,12 +234,11 @@ def analyse(norm: dict, event_ms: dict | None = None, tracks: int = TRACK_CYCLES
             gap_busy[kernel_class(kname)] += (end - start) / 1e6
             gap_names[kname] = gap_names.get(kname, 0) + (end - start)
     for p in phases.values():
-        for key in ("kernel_ms", "span_ms", "idle_ms", "event_ms"):
+        for key in ("kernel_ms", "span_ms", "own_span_ms", "idle_ms", "event_ms"):
             if p[key] is not None:
                 p[key] = round(p[key], 4)
         p["busy_ms"] = {cls: round(v, 4) for cls, v in p["busy_ms"].items()}
-        p["span_vs_events"] = (round(p["span_ms"] / p["event_ms"], 4)
-                               if p["event_ms"] and p["span_ms"] else None)
+        _agreement(p)
     total = in_phase + gap_total
     return {
         "cycles": len(counted),
@@ -255,6 +257,51 @@ def analyse(norm: dict, event_ms: dict | None = None, tracks: int = TRACK_CYCLES
     }
 
 
+AGREE = 0.02  # an event span agrees with the kernels' when it lies between their two spans, 2% either side
+
+
+def _agreement(p: dict) -> None:
+    """A CUDA event recorded at a mark completes once the stream's earlier work ended and the
+    host recorded it: after the previous phase's last kernel, before this phase's first. So
+    the phase's event span lies between the kernels' `own_span_ms` (first kernel's start to
+    the closing boundary) and `span_ms` (the previous boundary to the closing one)."""
+    ev, lo, hi = p.get("event_ms"), p.get("own_span_ms"), p.get("span_ms")
+    p["span_vs_events"] = round(hi / ev, 4) if ev and hi else None
+    if ev and hi and p.get("kernels"):
+        p["events_agree"] = (lo or 0.0) * (1 - AGREE) <= ev <= hi * (1 + AGREE)
+    else:
+        p["events_agree"] = None
+
+
+def against_window(block: dict, window: dict) -> None:
+    """How much slower the sampled cycles ran than the window's cycles of the same batch sizes
+    (the torch profiler records every host operation of the scheduler's thread while it runs:
+    a host-bound phase runs slower, and the wait shows as idle time in the sample). Adds
+    `window_ms` (the window's mean GPU ms of the phase, over the buckets of the sampled batch
+    sizes, weighted by the sample's cycles) and `slowed` (`event_ms` per cycle / `window_ms`)
+    to each phase, and `slowed` for the whole cycle."""
+    from .window import bucket_of
+
+    buckets = window.get("buckets") or {}
+    keys = [bucket_of(bs) for bs in block.get("bs") or [] if bs is not None]
+    if not keys:
+        return
+    ev_total = win_total = 0.0
+    for name, p in (block.get("phases") or {}).items():
+        means = [((buckets.get(k) or {}).get("phases", {}).get(name) or {}).get("gpu_ms", {}).get("mean")
+                 for k in keys]
+        if any(m is None for m in means) or not p.get("event_ms") or not p.get("cycles"):
+            continue
+        win = sum(means) / len(means)
+        p["window_ms"] = round(win, 4)
+        per = p["event_ms"] / p["cycles"]
+        p["slowed"] = round(per / win, 4) if win > 0 else None
+        ev_total += per
+        win_total += win
+    if win_total > 0:
+        block["slowed"] = round(ev_total / win_total, 4)
+
+
 def merge(blocks: list[dict]) -> dict | None:
     """Several windows' `kernels` blocks as one (sums; coverage and ratios from the sums)."""
     blocks = [b for b in blocks if b and b.get("phases") is not None]
@@ -267,8 +314,8 @@ def merge(blocks: list[dict]) -> dict | None:
         for name, p in b["phases"].items():
             q = phases.setdefault(name, {"cycles": 0, "kernels": 0, "kernel_ms": 0.0,
                                          "busy_ms": {cls: 0.0 for cls in CLASSES}, "span_ms": 0.0,
-                                         "idle_ms": 0.0, "event_ms": None})
-            for key in ("cycles", "kernels", "kernel_ms", "span_ms", "idle_ms"):
+                                         "own_span_ms": 0.0, "idle_ms": 0.0, "event_ms": None})
+            for key in ("cycles", "kernels", "kernel_ms", "span_ms", "own_span_ms", "idle_ms"):
                 q[key] += p.get(key) or 0
             if p.get("event_ms") is not None:
                 q["event_ms"] = (q["event_ms"] or 0.0) + p["event_ms"]
@@ -280,9 +327,12 @@ def merge(blocks: list[dict]) -> dict | None:
         for cls, v in (g.get("busy_ms") or {}).items():
             gap_busy[cls] = gap_busy.get(cls, 0.0) + v
     for p in phases.values():
-        p["span_vs_events"] = round(p["span_ms"] / p["event_ms"], 4) if p["event_ms"] and p["span_ms"] else None
+        if not p["own_span_ms"]:
+            p["own_span_ms"] = None  # samples from before the field: the bracket's lower side unknown
+        _agreement(p)
+    slowed = [b["slowed"] for b in blocks if b.get("slowed")]
     total = in_phase + gap
-    return {"samples": len(blocks), "cycles": sum(b.get("cycles") or 0 for b in blocks),
+    return {"samples": len(blocks), "slowed": round(sum(slowed) / len(slowed), 4) if slowed else None, "cycles": sum(b.get("cycles") or 0 for b in blocks),
             "coverage": round(in_phase / total, 5) if total else None, "kernel_ms": round(total, 4),
             "phases": phases, "between_cycles": {"kernel_ms": round(gap, 4), "busy_ms": gap_busy},
             "unmatched_kernels": sum(b.get("unmatched_kernels") or 0 for b in blocks)}
@@ -296,15 +346,20 @@ def format_block(k: dict) -> list[str]:
     head = (f"kernels ({k.get('cycles')} sampled decode cycles): coverage "
             f"{'-' if cov is None else f'{100 * cov:.2f}%'} of kernel time inside a phase, between cycles "
             f"{(k.get('between_cycles') or {}).get('kernel_ms', 0):.3f} ms")
-    lines = [head, f"{'phase':<20}{'span ms':>9}{'events':>9}{'kern ms':>9}{'idle ms':>9}{'n':>6}  "
-             + " ".join(f"{c[:6]:>7}" for c in CLASSES)]
+    if k.get("slowed"):
+        head += (f"; the sampled cycles ran {100 * (k['slowed'] - 1):+.1f}% against the window's "
+                 f"(the sampler's own host cost, shown as idle)")
+    lines = [head, f"{'phase':<20}{'own ms':>9}{'span ms':>9}{'events':>9}{'agree':>6}{'kern ms':>9}{'idle ms':>9}"
+             f"{'n':>6}  " + " ".join(f"{c[:6]:>7}" for c in CLASSES)]
     for name, p in k["phases"].items():
         cyc = max(p.get("cycles") or 1, 1)
         kern = p.get("kernel_ms") or 0.0
         shares = " ".join(f"{(100 * (p['busy_ms'].get(c) or 0) / kern if kern else 0):>6.1f}%" for c in CLASSES)
-        evm = p.get("event_ms")
-        lines.append(f"{name:<20}{p['span_ms'] / cyc:>9.3f}{'-' if evm is None else f'{evm / cyc:.3f}':>9}"
+        evm, own, ok = p.get("event_ms"), p.get("own_span_ms"), p.get("events_agree")
+        lines.append(f"{name:<20}{'-' if own is None else f'{own / cyc:.3f}':>9}{p['span_ms'] / cyc:>9.3f}"
+                     f"{'-' if evm is None else f'{evm / cyc:.3f}':>9}{'-' if ok is None else ('yes' if ok else 'NO'):>6}"
                      f"{kern / cyc:>9.3f}{(p.get('idle_ms') or 0) / cyc:>9.3f}{p['kernels'] // cyc:>6}  {shares}")
-    lines.append("(per cycle: span from the kernels' ends at the phase's marks, `events` the CUDA events' span, "
-                 "class shares of the phase's kernel time)")
+    lines.append("(per cycle, from the kernels: `own` from the phase's first kernel, `span` from the previous "
+                 "phase's last, to the phase's last; `events` the CUDA events' span, which agrees when it lies "
+                 "between the two (2%); class shares of the phase's kernel time)")
     return lines

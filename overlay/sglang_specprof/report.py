@@ -165,6 +165,21 @@ def merge_buckets(windows: list[dict]) -> dict:
     return merged
 
 
+def _kernel_blocks(windows: list[dict]) -> list:
+    """Each window's kernel sample, compared with the window it was taken in where the profile
+    holds it and the sample does not carry the comparison yet."""
+    by = {(w.get("rank", 0), w["window"]): w for w in windows}
+    out = []
+    for w in windows:
+        k = w.get("kernels")
+        if k and "error" not in k and "slowed" not in k:
+            src = by.get((w.get("rank", 0), k.get("window")))
+            if src is not None:
+                kernels.against_window(k, src)
+        out.append(k)
+    return out
+
+
 def summarize(windows: list[dict]) -> dict:
     buckets = merge_buckets(windows)
     busy = sum(w["seconds"] or 0 for w in windows)
@@ -179,7 +194,7 @@ def summarize(windows: list[dict]) -> dict:
             "steps_lost": max((w.get("steps_lost") or 0) for w in windows),
             "marks_lost": max((w.get("marks_lost") or 0) for w in windows),
             "uncut_cycles": max((w.get("uncut_cycles") or 0) for w in windows),
-            "kernels": kernels.merge([w.get("kernels") for w in windows])}
+            "kernels": kernels.merge(_kernel_blocks(windows))}
 
 
 def verify_points(windows: list[dict]) -> list[list]:

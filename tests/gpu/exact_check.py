@@ -36,6 +36,7 @@ SETTINGS = {
     "s8k1": (8, 1, 9, []),
     "s3k1": (3, 1, 4, []),
     "s4k2v1": (4, 2, 8, ["--disable-overlap-schedule"]),
+    "s3k1e": (3, 1, 4, ["--disable-cuda-graph"]),  # every forward eager
 }
 GRAPH_BS = [1, 2, 4, 8, 12, 16]  # captured batch sizes: 3 pads to 4, 24 concurrent runs eager
 

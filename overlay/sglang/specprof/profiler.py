@@ -227,6 +227,7 @@ class Profiler(NullProfiler):
         # samples read, waiting for a window to carry them (reader)
         self.kernels = None
         self.kernel_pending: deque = deque()
+        self._recent: dict = {}  # outputs: the last windows' summaries, for a sample's comparison
 
     def follow_gc(self):
         """Time the garbage collector's pauses of the host inside each cycle (the server's
@@ -704,6 +705,17 @@ class Profiler(NullProfiler):
         smp = summary.pop("_kernel_sample", None)
         if smp is not None:
             summary["kernels"] = self._kernel_block(smp)
+        self._recent[summary.get("window")] = summary
+        while len(self._recent) > 3:
+            self._recent.pop(next(iter(self._recent)))
+        k = summary.get("kernels")
+        if k and "error" not in k and k.get("window") in self._recent:
+            try:
+                from sglang_specprof.kernels import against_window
+
+                against_window(k, self._recent[k["window"]])
+            except Exception:
+                pass
         self._latest = summary
         for sink in list(self.sinks):
             pause()
