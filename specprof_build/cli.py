@@ -37,6 +37,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--into", metavar="SITE", type=Path, default=None,
                    help="instead of a wheel, patch the sglang already installed in SITE (the folder holding "
                         "sglang/), after checking it is the release as published")
+    p.add_argument("--restore", metavar="SITE", type=Path, default=None,
+                   help="take an --into back out of SITE: the published files, byte for byte")
     p.add_argument("--patches", metavar="DIR", type=Path, default=None,
                    help="the folder of series (default: this checkout's patches/)")
     p.add_argument("-q", "--quiet", action="store_true", help="print only the wheel's path")
@@ -60,6 +62,8 @@ def into(args, log) -> Path:
         raise BuildError("--into patches an installed sglang; leave out --from-wheel, --python-tag, --platform and --check.")
     patches = args.patches or release.PATCHES
     installed = inplace.installed_version(args.into)
+    if "+specprof" in installed:
+        raise BuildError(f"{args.into} already holds the sglang-specprof wheel ({installed}); nothing to patch.")
     if args.sglang and args.sglang != installed:
         raise BuildError(f"--sglang {args.sglang}, but {args.into} holds sglang {installed}.")
     rel = release.load(installed, patches)
@@ -73,6 +77,13 @@ def build(args, log) -> Path | None:
     patches = args.patches or release.PATCHES
     if not patches.is_dir():
         raise BuildError(f"--patches {patches}: no such folder.")
+    if args.restore is not None:
+        if args.into is not None or args.sglang or args.check or args.from_wheel:
+            raise BuildError("--restore takes only the site; leave out --into, --sglang, --check and --from-wheel.")
+        from . import inplace
+
+        inplace.restore_installed(args.restore, log)
+        return None
     if args.into is not None:
         return into(args, log)
     version = args.sglang or release.default_release(patches)
@@ -205,4 +216,5 @@ def main(argv=None) -> int:
         if wheel is not None:
             print(wheel)
 
-    return _guarded("build.py", "nothing was written.", run)
+    where = args.into or args.restore
+    return _guarded("build.py", f"{where} is as it was." if where is not None else "nothing was written.", run)
