@@ -35,9 +35,35 @@ def _git(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run(["git", *args], cwd=cwd, env=env, capture_output=True, text=True)
 
 
+_UNSAFE_MODE = re.compile(r"^(?:new file mode|new mode|old mode|deleted file mode) 120000$", re.M)
+_MOVES = re.compile(r"^(?:rename|copy) (?:from|to) ", re.M)
+
+
+def check_safe(text: str, name: str) -> None:
+    """A patch may change and add plain files inside the tree, nothing else: every file header
+    parses (no path with spaces slips past the checks), no path is absolute or climbs out
+    with `..`, no symlink, no rename or copy, no CRLF line endings."""
+    if "\r\n" in text:
+        raise BuildError(f"{name} has Windows line endings (CRLF); convert it to LF (git config core.autocrlf false).")
+    headers = [line for line in text.splitlines() if line.startswith("diff --git ")]
+    for line in headers:
+        m = _FILE.match(line)
+        if m is None:
+            raise BuildError(f"{name}: the file header {line!r} names a path build.py does not take "
+                             f"(spaces or quotes in it); rename the file.")
+        for path in m.groups():
+            if path.startswith("/") or ".." in path.split("/"):
+                raise BuildError(f"{name}: {path} is outside the tree; a patch changes files inside it only.")
+    if _UNSAFE_MODE.search(text):
+        raise BuildError(f"{name} adds or changes a symlink; a patch changes plain files only.")
+    if _MOVES.search(text):
+        raise BuildError(f"{name} renames or copies a file; a patch changes files in place only.")
+
+
 def check_one(tree: Path, patch: Path) -> None:
     """Raise BuildError naming patch, file and hunk unless the patch applies exactly."""
-    text = patch.read_text()
+    text = patch.read_bytes().decode("utf-8", errors="replace")
+    check_safe(text, patch.name)
     proc = _git(["apply", "--check", "--verbose", str(patch.resolve())], tree)
     lines = (proc.stderr + proc.stdout).splitlines()
     current = None

@@ -41,6 +41,10 @@ def dist_info(tree: Path) -> Path:
 def normalize_modes(tree: Path) -> None:
     """0644 for files, 0755 for those upstream marked executable, whatever the umask."""
     for root, dirs, files in os.walk(tree):
+        for name in dirs + files:
+            if os.path.islink(os.path.join(root, name)):  # never follow one out of the tree
+                raise BuildError(f"{os.path.relpath(os.path.join(root, name), tree)} is a symlink; "
+                                 f"the wheel holds plain files only.")
         for d in dirs:
             os.chmod(os.path.join(root, d), 0o755)
         for f in files:

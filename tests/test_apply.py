@@ -77,3 +77,42 @@ def test_hunk_table():
     text = ("diff --git a/x.py b/x.py\n--- a/x.py\n+++ b/x.py\n@@ -3,2 +3,3 @@\n a\n+b\n c\n"
             "@@ -40 +41,2 @@\n d\n+e\ndiff --git a/y.py b/y.py\n--- a/y.py\n+++ b/y.py\n@@ -7,1 +7,1 @@\n-f\n+g\n")
     assert apply.hunks(text) == {"x.py": [3, 40], "y.py": [7]}
+
+
+@pytest.mark.parametrize("body, says", [
+    ("diff --git a/sglang/a b b/sglang/a b\nnew file mode 120000\n--- /dev/null\n+++ b/sglang/a b\n@@ -0,0 +1 @@\n+/etc\n",
+     "names a path build.py does not take"),
+    ("diff --git a/sglang/link b/sglang/link\nnew file mode 120000\n--- /dev/null\n+++ b/sglang/link\n@@ -0,0 +1 @@\n+/etc\n",
+     "adds or changes a symlink"),
+    ("diff --git a/../x.py b/../x.py\n--- a/../x.py\n+++ b/../x.py\n@@ -1 +1 @@\n-a\n+b\n", "is outside the tree"),
+    ("diff --git a/a.py b/b.py\nsimilarity index 100%\nrename from a.py\nrename to b.py\n", "renames or copies"),
+    ("diff --git a/a.py b/a.py\r\n--- a/a.py\r\n+++ b/a.py\r\n@@ -1 +1 @@\r\n-a\r\n+b\r\n", "Windows line endings"),
+])
+def test_a_patch_that_reaches_outside_plain_files_is_refused(tmp_path, body, says):
+    from specprof_build import apply as apply_mod
+    from specprof_build.errors import BuildError
+
+    tree = tmp_path / "tree"
+    (tree / "sglang").mkdir(parents=True)
+    (tree / "a.py").write_text("a\n")
+    patch = tmp_path / "bad.patch"
+    patch.write_bytes(body.encode())
+    with pytest.raises(BuildError) as e:
+        apply_mod.check_one(tree, patch)
+    assert says in str(e.value) and "\n" not in str(e.value)
+    assert not (tree / "sglang" / "link").exists() and (tree / "a.py").read_text() == "a\n"
+
+
+def test_a_symlink_in_the_tree_stops_the_build_before_any_chmod(tmp_path):
+    from specprof_build import repack
+    from specprof_build.errors import BuildError
+
+    outside = tmp_path / "outside.txt"
+    outside.write_text("x")
+    outside.chmod(0o600)
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / "link").symlink_to(outside)
+    with pytest.raises(BuildError, match="is a symlink"):
+        repack.normalize_modes(tree)
+    assert outside.stat().st_mode & 0o777 == 0o600

@@ -1,5 +1,6 @@
 """The timing subsystem on the CPU: fake events on a fake clock, the real profiler code."""
 import json
+import os
 import logging
 import multiprocessing
 import tracemalloc
@@ -905,3 +906,25 @@ def test_the_reader_waits_for_the_gate_or_an_idle_server(monkeypatch):
     while p.totals_now()["decode_cycles"] < 16 and time.time() < deadline:
         time.sleep(0.001)
     assert p.totals_now()["decode_cycles"] == 16
+
+
+def test_the_rank_exchange_folder_is_this_users_alone(tmp_path):
+    from sglang_specprof.ranks import NotPrivate, exchange_folder
+
+    assert str(os.getuid()) in os.path.basename(exchange_folder(30000))
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o777)
+    shared.chmod(0o777)  # as another user's /tmp folder would be: anyone may write rank0.json
+    with pytest.raises(NotPrivate, match="not a folder of this user's alone"):
+        RankExchange(str(shared), 0, 2)
+    target = tmp_path / "elsewhere"
+    target.mkdir(mode=0o700)
+    (tmp_path / "link").symlink_to(target)
+    with pytest.raises(NotPrivate):
+        RankExchange(str(tmp_path / "link"), 0, 2)
+    mine = tmp_path / "mine"
+    ex = RankExchange(str(mine), 1, 2)
+    assert mine.stat().st_mode & 0o777 == 0o700
+    ex.publish({"window": 0, "rank": 1, "buckets": {}})
+    ex.close()  # at exit: its file, and the folder once empty
+    assert not mine.exists()

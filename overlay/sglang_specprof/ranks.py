@@ -8,9 +8,20 @@ collective over the TP group would stall every rank if one profiler had switched
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import stat
 import tempfile
+
+
+class NotPrivate(OSError):
+    """The exchange folder is not this user's alone; the message is one sentence."""
+
+
+def exchange_folder(port) -> str:
+    """Per user and server: /tmp/sglang-specprof-<uid>-<port> (made 0700, checked before use)."""
+    return os.path.join(tempfile.gettempdir(), f"sglang-specprof-{os.getuid()}-{port}")
 
 
 def brief(summary: dict) -> dict:
@@ -50,7 +61,14 @@ class RankExchange:
         self.folder = folder
         self.rank = rank
         self.size = size
-        os.makedirs(folder, exist_ok=True)
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        st = os.lstat(folder)
+        if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() \
+                or st.st_mode & 0o077:
+            # another user could switch rank 0's spread off, or feed it numbers
+            raise NotPrivate(f"{folder} is not a folder of this user's alone (mode "
+                             f"{stat.filemode(st.st_mode)}, owner {st.st_uid}); the spread across ranks is off.")
+        atexit.register(self.close)
         try:  # a file left by an earlier server on this port must not pose as this rank's window
             os.unlink(self._path(rank))
         except FileNotFoundError:
@@ -58,6 +76,17 @@ class RankExchange:
 
     def _path(self, rank: int) -> str:
         return os.path.join(self.folder, f"rank{rank}.json")
+
+    def close(self) -> None:
+        """At exit: this rank's file goes, and the folder with the last one out."""
+        try:
+            os.unlink(self._path(self.rank))
+        except OSError:
+            pass
+        try:
+            os.rmdir(self.folder)
+        except OSError:
+            pass
 
     def publish(self, summary: dict) -> None:
         fd, tmp = tempfile.mkstemp(dir=self.folder, prefix=f".rank{self.rank}-")

@@ -8,7 +8,6 @@ worker's constructor, before the draft CUDA graphs are captured.
 from __future__ import annotations
 
 import logging
-import os
 
 from .profiler import NullProfiler
 
@@ -84,12 +83,12 @@ def install(server_args, tp_rank: int = 0, worker: str = "v2") -> None:
                 logger.warning("speculative profile: no Prometheus gauges (%s: %s).", type(e).__name__, e)
         exchange = None
         if config["tp_size"] > 1:
-            import tempfile
+            from sglang_specprof.ranks import RankExchange, exchange_folder
 
-            from sglang_specprof.ranks import RankExchange
-
-            folder = os.path.join(tempfile.gettempdir(), f"sglang-specprof-{getattr(server_args, 'port', 0)}")
-            exchange = RankExchange(folder, tp_rank, config["tp_size"])
+            try:
+                exchange = RankExchange(exchange_folder(getattr(server_args, "port", 0)), tp_rank, config["tp_size"])
+            except OSError as e:
+                logger.warning("speculative profile: %s", e if str(e).endswith(".") else f"no spread across ranks ({e}).")
         backend = CudaBackend()
         config["events"] = backend.kind  # "cuda.bindings", or "torch" without it
         P = Profiler(backend, interval=server_args.speculative_profile_interval, sink=sinks,
