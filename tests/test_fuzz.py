@@ -117,3 +117,85 @@ def test_profile_window_with_one_field_broken(path, value, delete):
         schema.parse_line(json.dumps(obj), "line 1")
     except schema.ProfileError as e:
         assert str(e).startswith("line 1 ")
+
+
+def _kernel_window():
+    import lzma
+
+    path = release.ROOT / "tests" / "data" / "kernels" / "0.5.16-exact-b" / "profile-s3k1.jsonl.xz"
+    for line in lzma.decompress(path.read_bytes()).decode().splitlines():
+        w = json.loads(line)
+        if w.get("kernels"):
+            return w
+
+
+KWINDOW = _kernel_window()
+KPATHS = list(_paths(KWINDOW))
+
+
+def _report_end_to_end(obj, tmp_path):
+    """What `sglang-specprof report --json --trace` and `compare` do with a file of one window:
+    a result, or one sentence (ProfileError, SourceError), never another exception."""
+    from sglang_specprof import compare, report
+    from sglang_specprof.trace import trace
+
+    path = tmp_path / "p.jsonl"
+    path.write_text(json.dumps(obj) + "\n")
+    try:
+        windows, _ = report.load(str(path))
+    except (schema.ProfileError, report.SourceError) as e:
+        assert "\n" not in str(e)
+        return
+    summary = report.summarize(windows)
+    advice = report.advise(summary)
+    json.dumps({"summary": summary, "advice": advice}, allow_nan=False)  # strict JSON always
+    report.render(summary, advice)
+    json.dumps(trace(windows), allow_nan=False)
+    json.dumps(compare.compare(windows, windows), allow_nan=False)
+    compare.format_compare(compare.compare(windows, windows), "a", "b")
+
+
+@FUZZ
+@given(which=st.sampled_from(["plain", "kernels"]), data=st.data(), value=json_values, delete=st.booleans())
+def test_report_end_to_end_on_a_window_with_one_field_broken(which, data, value, delete, tmp_path):
+    base, paths = (WINDOW, PATHS) if which == "plain" else (KWINDOW, KPATHS)
+    path = data.draw(st.sampled_from(paths))
+    obj = json.loads(json.dumps(base))
+    node = obj
+    for k in path[:-1]:
+        node = node[k]
+    if delete:
+        del node[path[-1]]
+    else:
+        node[path[-1]] = value
+    _report_end_to_end(obj, tmp_path)
+
+
+@pytest.mark.parametrize("text, says", [
+    ('{"schema": "sglang-specprof/2", "seconds": NaN}', "holds NaN"),
+    ('{"schema": "sglang-specprof/2", "seconds": Infinity}', "holds Infinity"),
+    ("[" * 100000 + "]" * 100000, "nested too deep"),
+])
+def test_lines_no_profile_writes_are_one_sentence(text, says):
+    with pytest.raises(schema.ProfileError, match=says):
+        schema.parse_line(text, "line 3")
+
+
+def test_ill_typed_fields_and_odd_server_answers_are_one_sentence(tmp_path, monkeypatch, capsys):
+    import io
+
+    from sglang_specprof import cli as report_cli, report
+
+    obj = json.loads(json.dumps(WINDOW))
+    key = next(iter(obj["buckets"]))
+    obj["buckets"][key]["cycle_gpu_ms"]["mean"] = "x"
+    path = tmp_path / "p.jsonl"
+    path.write_text(json.dumps(obj) + "\n")
+    assert report_cli.main(["report", str(path), "--json"]) == 1
+    err = capsys.readouterr().err
+    assert "holds a value the report cannot use" in err and "Traceback" not in err
+    for answer in (b"[1, 2]", b'"up"', b'{"internal_states": [{"speculative_profile": {"latest": {"schema": 3}}}]}'):
+        monkeypatch.setattr(report.urllib.request, "urlopen", lambda url, timeout=None, a=answer: io.BytesIO(a))
+        with pytest.raises(report.SourceError) as e:
+            report.load("http://127.0.0.1:1")
+        assert "\n" not in str(e.value)

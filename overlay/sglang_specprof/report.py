@@ -13,6 +13,29 @@ class SourceError(ValueError):
     """A profile that cannot be read; the message is one sentence."""
 
 
+# what a field of the wrong type raises somewhere in the report (the schema checks the shape only)
+_UNREADABLE = (TypeError, KeyError, ValueError, AttributeError, IndexError, OverflowError, ZeroDivisionError,
+               RecursionError)
+
+
+def readable(windows: list[dict], source: str) -> list[dict]:
+    """Each window through the report on its own first: one whose fields hold values of the
+    wrong type is named in one sentence, not a traceback halfway through the report."""
+    from .trace import trace
+
+    for i, w in enumerate(windows):
+        try:
+            s = summarize([w])
+            advise(s)
+            json.dumps(s, allow_nan=False)
+            json.dumps(trace([w]), allow_nan=False)
+        except _UNREADABLE as e:
+            first = (str(e).strip().splitlines() or [""])[0][:120]
+            raise SourceError(f"{source}: window {w.get('window', i)!r} (the {i + 1}th read) holds a value the "
+                              f"report cannot use ({type(e).__name__}: {first})") from None
+    return windows
+
+
 def load(source: str, last: int | None = None) -> tuple[list[dict], list[str]]:
     """Windows from a JSONL file, or the latest window of a live server (http://host:port)."""
     if source.startswith(("http://", "https://")):
@@ -22,15 +45,20 @@ def load(source: str, last: int | None = None) -> tuple[list[dict], list[str]]:
                 info = json.load(r)
         except (OSError, ValueError) as e:
             raise SourceError(f"cannot read {url}: {e}") from None
+        if not isinstance(info, dict) or not isinstance(info.get("internal_states") or [], list):
+            raise SourceError(f"{url} did not answer with server info (a JSON object with internal_states)")
         wins = []
-        for st in info.get("internal_states") or []:
-            prof = (st or {}).get("speculative_profile") or {}
-            if prof.get("latest"):
+        for n, st in enumerate(info.get("internal_states") or []):
+            prof = (st if isinstance(st, dict) else {}).get("speculative_profile") or {}
+            if isinstance(prof, dict) and prof.get("latest"):
+                bad = schema.problems(prof["latest"])
+                if bad:
+                    raise SourceError(f"{url}: internal state {n} is not a {schema.SCHEMA} window: {'; '.join(bad[:3])}")
                 wins.append(prof["latest"])
         if not wins:
             raise SourceError(f"{source} reports no profile window yet (is --speculative-profile on, "
                               f"and have {''}enough decode cycles run to close a window?)")
-        return wins, []
+        return readable(wins, source), []
     try:
         windows, notes = schema.read(source, skip_torn=True)
     except FileNotFoundError:
@@ -39,7 +67,8 @@ def load(source: str, last: int | None = None) -> tuple[list[dict], list[str]]:
         raise SourceError(f"{source} is a folder, not a profile") from None
     if not windows:
         raise SourceError(f"{source} holds no profile window")
-    return (windows[-last:] if last else windows), notes
+    windows = windows[-last:] if last else windows
+    return readable(windows, source), notes
 
 
 def _wmean(pairs):

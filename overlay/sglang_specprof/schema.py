@@ -79,9 +79,21 @@ def problems(obj) -> list[str]:
     return out
 
 
+class _NotFinite(ValueError):
+    pass
+
+
+def _no_constant(name):
+    raise _NotFinite(name)
+
+
 def parse_line(text: str, where: str = "line") -> dict:
     try:
-        obj = json.loads(text)
+        obj = json.loads(text, parse_constant=_no_constant)
+    except _NotFinite as e:
+        raise ProfileError(f"{where} holds {e} (not a number a profile writes); the file is not a profile.") from None
+    except RecursionError:
+        raise ProfileError(f"{where} is nested too deep to be a profile window.") from None
     except json.JSONDecodeError as e:
         raise ProfileError(f"{where} is not JSON ({e.msg} at column {e.colno}); the file may be cut short "
                            f"or not a profile.") from None
