@@ -102,10 +102,9 @@ def _paths(obj, prefix=()):
 PATHS = list(_paths(WINDOW))
 
 
-@FUZZ
-@given(path=st.sampled_from(PATHS), value=json_values, delete=st.booleans())
-def test_profile_window_with_one_field_broken(path, value, delete):
-    obj = json.loads(json.dumps(WINDOW))
+def _broken(base, path, value, delete):
+    """A copy of `base` with the field at `path` replaced by `value`, or deleted."""
+    obj = json.loads(json.dumps(base))
     node = obj
     for k in path[:-1]:
         node = node[k]
@@ -113,6 +112,13 @@ def test_profile_window_with_one_field_broken(path, value, delete):
         del node[path[-1]]
     else:
         node[path[-1]] = value
+    return obj
+
+
+@FUZZ
+@given(path=st.sampled_from(PATHS), value=json_values, delete=st.booleans())
+def test_profile_window_with_one_field_broken(path, value, delete):
+    obj = _broken(WINDOW, path, value, delete)
     try:
         schema.parse_line(json.dumps(obj), "line 1")
     except schema.ProfileError as e:
@@ -159,16 +165,7 @@ def _report_end_to_end(obj, tmp_path):
 @given(which=st.sampled_from(["plain", "kernels"]), data=st.data(), value=json_values, delete=st.booleans())
 def test_report_end_to_end_on_a_window_with_one_field_broken(which, data, value, delete, tmp_path):
     base, paths = (WINDOW, PATHS) if which == "plain" else (KWINDOW, KPATHS)
-    path = data.draw(st.sampled_from(paths))
-    obj = json.loads(json.dumps(base))
-    node = obj
-    for k in path[:-1]:
-        node = node[k]
-    if delete:
-        del node[path[-1]]
-    else:
-        node[path[-1]] = value
-    _report_end_to_end(obj, tmp_path)
+    _report_end_to_end(_broken(base, data.draw(st.sampled_from(paths)), value, delete), tmp_path)
 
 
 @pytest.mark.parametrize("text, says", [
