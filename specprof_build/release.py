@@ -172,6 +172,8 @@ def load(version: str, patches: Path | None = None) -> Release:
     directory = patches / f"sglang-{version}"
     if not (directory / "series").is_file():
         have = ", ".join(available(patches)) or "none"
+        if not re.fullmatch(r"\d+(\.\d+)*(\.post\d+)?", version):
+            raise BuildError(f"{version!r} is not an SGLang release number (like 0.5.16); {patches} has {have}.")
         raise BuildError(
             f"No patch series for sglang {version}; {patches} has {have}. "
             f"To carry the series to {version}, run: python build.py rebase --onto {version}"

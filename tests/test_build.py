@@ -33,6 +33,12 @@ def test_unknown_release_is_one_sentence_without_traceback(tmp_path):
     assert not (tmp_path / "d").exists()
 
 
+def test_a_release_name_that_is_no_number_is_never_offered_as_a_command():
+    proc = run_build("--sglang", "0.5.12; rm -rf /")
+    assert proc.returncode == 1 and "is not an SGLang release number" in proc.stderr
+    assert "rebase --onto" not in proc.stderr
+
+
 def test_wheel_version_name_and_marker(built_wheel, default_release, upstream_wheel):
     v = default_release.full_version
     assert built_wheel.name.startswith(f"sglang-{v}-")

@@ -266,6 +266,10 @@ def test_plot(tmp_path, capsys):
     assert img.shape[0] > 500 and img.shape[1] > 1500
     code, _, err = run_cli("report", str(V2), "--plot", str(tmp_path / "no" / "fig.png"), capsys=capsys)
     assert code == 1 and "cannot write" in err
+    code, _, err = run_cli("report", str(V2), "--plot", str(tmp_path / "bare"), capsys=capsys)
+    assert code == 0 and f"figure in {tmp_path / 'bare.png'}" in err and (tmp_path / "bare.png").is_file()
+    code, _, err = run_cli("report", str(V2), "--plot", str(tmp_path / "fig.xyz"), capsys=capsys)
+    assert code == 1 and ".xyz is not a figure format" in err and "Traceback" not in err
 
 
 @pytest.mark.parametrize("acc", ["2.5", "4.0"])

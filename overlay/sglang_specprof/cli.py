@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from . import compare as compare_mod, report
 from .schema import ProfileError
+
+PLOT_FORMATS = ("png", "pdf", "svg", "jpg", "jpeg", "eps", "ps", "tif", "tiff", "webp", "svgz")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -67,6 +70,13 @@ def main(argv=None) -> int:
                       f"(open it in ui.perfetto.dev or chrome://tracing)", file=sys.stderr)
             if args.plot:
                 from .plot import plot
+
+                ext = os.path.splitext(args.plot)[1].lower().lstrip(".")
+                if not ext:
+                    args.plot += ".png"  # what matplotlib writes for a name without one: say so
+                elif ext not in PLOT_FORMATS:
+                    raise report.SourceError(f"--plot {args.plot}: .{ext} is not a figure format; use one of "
+                                             f"{', '.join('.' + f for f in PLOT_FORMATS)}")
 
                 try:
                     plot(summary, args.plot)
