@@ -15,6 +15,7 @@ from .errors import BuildError
 
 # The one copy into the output folder (a name of its own so that the tests can fill the disk).
 copy_out = shutil.copyfile
+BUILD_PARTIAL = "partial-"  # dist/.partial-<pid>-<wheel>: a wheel being written
 
 
 def parser() -> argparse.ArgumentParser:
@@ -99,7 +100,9 @@ def build(args, log) -> Path | None:
         source = fetch.fetch(rel.pin, name, args.cache_dir or fetch.default_cache(), args.offline, log)
     if not args.check:
         check_out_dir(args.out)
-    with tempfile.TemporaryDirectory(prefix="specprof-build-") as work:
+    fetch.sweep(Path(tempfile.gettempdir()), "specprof-build-")  # left by builds that were killed
+    fetch.sweep(args.out, f".{BUILD_PARTIAL}")
+    with tempfile.TemporaryDirectory(prefix=f"specprof-build-{os.getpid()}-") as work:
         work = Path(work)
         tree = repack.unpack(source, work / "tree")
         log(f"unpack    {tree.name}")
@@ -138,11 +141,12 @@ def build(args, log) -> Path | None:
         wheel = repack.pack(tree, staged, rel.local_version)
         log(f"repack    {wheel.name}")
         final = args.out / wheel.name
+        partial = args.out / f".{BUILD_PARTIAL}{os.getpid()}-{wheel.name}"  # one per build: two may share --out
         try:
-            copy_out(wheel, args.out / (wheel.name + ".partial"))
-            os.replace(args.out / (wheel.name + ".partial"), final)
+            copy_out(wheel, partial)
+            os.replace(partial, final)
         except OSError as e:
-            (args.out / (wheel.name + ".partial")).unlink(missing_ok=True)
+            partial.unlink(missing_ok=True)
             raise BuildError(f"Cannot write {final}: {e.strerror}.") from None
     log(f"done      in {time.monotonic() - t0:.1f} s")
     return final

@@ -90,10 +90,32 @@ def _pip_args(name: str, version: str) -> list[str]:
     return args + [f"sglang=={version}"]
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, ValueError):
+        return True  # another user's process, or not a pid: leave it
+    return True
+
+
+def sweep(folder: Path, prefix: str) -> None:
+    """Remove `prefix<pid>-...` entries whose process is gone (a killed build's leftovers);
+    those of a build still running are its own business."""
+    if not folder.is_dir():
+        return
+    for p in folder.glob(prefix + "*"):
+        pid = p.name[len(prefix):].split("-", 1)[0].split(".", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                p.unlink(missing_ok=True)
+
+
 def clean_partials(cache: Path) -> None:
-    if cache.is_dir():
-        for p in cache.glob(PARTIAL + "*"):
-            shutil.rmtree(p, ignore_errors=True)
+    sweep(cache, PARTIAL)
 
 
 def fetch(pin: Pin, name: str, cache: Path, offline: bool = False, log=print) -> Path:
@@ -105,6 +127,8 @@ def fetch(pin: Pin, name: str, cache: Path, offline: bool = False, log=print) ->
     except OSError as e:
         raise BuildError(f"Cannot create the download cache {cache}: {e.strerror}.") from None
     clean_partials(cache)
+    if final.exists() and not final.is_file():
+        raise BuildError(f"{final} is in the download cache's way (not a file); remove it.")
     if final.is_file():
         got = sha256_file(final)
         if got == want:
@@ -118,7 +142,7 @@ def fetch(pin: Pin, name: str, cache: Path, offline: bool = False, log=print) ->
             f"run once with network, or pass the file with --from-wheel."
         )
     log(f"download  {name} with pip")
-    tmp = Path(tempfile.mkdtemp(prefix=PARTIAL, dir=cache))
+    tmp = Path(tempfile.mkdtemp(prefix=f"{PARTIAL}{os.getpid()}-", dir=cache))
     try:
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--progress-bar", "on",
                "-d", str(tmp), *_pip_args(name, pin.version)]

@@ -193,3 +193,24 @@ def test_builds_for_another_interpreter_and_architecture(tmp_path, default_relea
     assert proc.returncode == 0, proc.stderr
     assert Path(proc.stdout.strip()).name == (f"sglang-{default_release.full_version}-cp312-cp312-"
                                               "manylinux_2_34_aarch64.whl")
+
+
+def test_leftovers_of_killed_builds_go_and_a_running_builds_stay(tmp_path):
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True).stdout.strip()  # a pid that has exited
+    dead = tmp_path / f"{fetch.PARTIAL}{gone}-abc"
+    dead.mkdir()
+    (dead / "half.whl").write_bytes(b"x")
+    mine = tmp_path / f"{fetch.PARTIAL}{os.getpid()}-def"
+    mine.mkdir()
+    other = tmp_path / f"{fetch.PARTIAL}-old-style"
+    other.mkdir()
+    fetch.clean_partials(tmp_path)
+    assert not dead.exists() and mine.exists() and other.exists()
+
+
+def test_a_folder_in_the_cache_entrys_place_is_one_sentence(tmp_path, default_release):
+    name = fetch.choose(default_release.pin)
+    (tmp_path / name).mkdir()
+    with pytest.raises(BuildError, match="is in the download cache's way"):
+        fetch.fetch(default_release.pin, name, tmp_path, offline=True, log=lambda m: None)
