@@ -127,7 +127,6 @@ def build(args, log) -> Path | None:
         touched = sorted({f for p in rel.patches for f in apply.hunks(p.read_text())})
         repack.check_compiles(tree, touched + added)
         repack.add_entry_points(tree, added)
-        repack.normalize_modes(tree)
         repack.write_marker(tree, {
             "upstream_version": version,
             "upstream_artifact": name,
@@ -136,6 +135,7 @@ def build(args, log) -> Path | None:
             "series_sha256": rel.series_sha256(),
             "patches": [p.name for p in rel.patches],
         })
+        repack.normalize_modes(tree)  # after every file is written: the marker too, whatever the umask
         staged = work / "out"
         staged.mkdir()
         wheel = repack.pack(tree, staged, rel.local_version)

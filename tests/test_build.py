@@ -214,3 +214,13 @@ def test_a_folder_in_the_cache_entrys_place_is_one_sentence(tmp_path, default_re
     (tmp_path / name).mkdir()
     with pytest.raises(BuildError, match="is in the download cache's way"):
         fetch.fetch(default_release.pin, name, tmp_path, offline=True, log=lambda m: None)
+
+
+def test_the_wheel_is_the_same_bytes_whatever_the_umask(tmp_path, upstream_wheel, built_wheel):
+    old = os.umask(0o077)
+    try:
+        proc = run_build("--from-wheel", str(upstream_wheel), "--out", str(tmp_path / "d"))
+    finally:
+        os.umask(old)
+    assert proc.returncode == 0, proc.stderr
+    assert fetch.sha256_file(Path(proc.stdout.strip())) == fetch.sha256_file(built_wheel)
