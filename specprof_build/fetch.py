@@ -101,13 +101,14 @@ def _alive(pid: int) -> bool:
 
 
 def sweep(folder: Path, prefix: str) -> None:
-    """Remove `prefix<pid>-...` entries whose process is gone (a killed build's leftovers);
+    """Remove `prefix<pid>-...` entries whose process is gone (a killed build's leftovers), and
+    those named without a pid (left by a release of build.py that did not name them so);
     those of a build still running are its own business."""
     if not folder.is_dir():
         return
     for p in folder.glob(prefix + "*"):
         pid = p.name[len(prefix):].split("-", 1)[0].split(".", 1)[0]
-        if pid.isdigit() and not _alive(int(pid)):
+        if not pid.isdigit() or not _alive(int(pid)):
             if p.is_dir() and not p.is_symlink():
                 shutil.rmtree(p, ignore_errors=True)
             else:

@@ -203,10 +203,10 @@ def test_leftovers_of_killed_builds_go_and_a_running_builds_stay(tmp_path):
     (dead / "half.whl").write_bytes(b"x")
     mine = tmp_path / f"{fetch.PARTIAL}{os.getpid()}-def"
     mine.mkdir()
-    other = tmp_path / f"{fetch.PARTIAL}-old-style"
-    other.mkdir()
+    legacy = tmp_path / f"{fetch.PARTIAL}abc123"  # named without a pid, by an earlier build.py
+    legacy.mkdir()
     fetch.clean_partials(tmp_path)
-    assert not dead.exists() and mine.exists() and other.exists()
+    assert not dead.exists() and mine.exists() and not legacy.exists()
 
 
 def test_a_folder_in_the_cache_entrys_place_is_one_sentence(tmp_path, default_release):
