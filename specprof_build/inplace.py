@@ -106,7 +106,7 @@ def _record_lines(site: Path, files: list[str]) -> str:
     return "".join(out)
 
 
-def _undo(site: Path, plan: dict, log) -> None:
+def _undo(site: Path, plan: dict) -> None:
     """Put the published files back from the saved originals and take out everything added.
     Each step can run again: the journal goes last, so a kill here is finished next time."""
     info = _dist_info(site)
@@ -144,7 +144,7 @@ def recover(site: Path, log) -> bool:
         plan = json.loads(journal.read_text())
     except (OSError, ValueError):
         raise BuildError(f"{journal} is unreadable; the site may be half patched: reinstall sglang.") from None
-    _undo(site, plan, log)
+    _undo(site, plan)
     log(f"recover   an interrupted {plan.get('op', '--into')} was taken back: {site} holds the published files")
     return True
 
@@ -192,9 +192,9 @@ def apply_installed(site: Path, rel: release.Release, log) -> list[str]:
             raise BuildError(f"The overlay would overwrite the installed {', '.join(clashes)}; nothing was changed.")
         with open(stage / record, "a") as f:
             f.write(_record_lines(stage, added))
-        for d in {site / f for f in touched}:
-            if not os.access(d.parent, os.W_OK):
-                raise BuildError(f"Cannot write into {d.parent} (permission denied); nothing was changed.")
+        for d in sorted({(site / f).parent for f in touched}):
+            if not os.access(d, os.W_OK):
+                raise BuildError(f"Cannot write into {d} (permission denied); nothing was changed.")
     except OSError as e:
         shutil.rmtree(state, ignore_errors=True)
         raise BuildError(f"Cannot stage the patched files in {state}: {e.strerror}; nothing was changed.") from None
@@ -217,7 +217,7 @@ def apply_installed(site: Path, rel: release.Release, log) -> list[str]:
         }, indent=2, sort_keys=True) + "\n").encode())
         (state / JOURNAL).unlink()  # the site is patched: from here on only --restore takes it out
     except BaseException as e:
-        _undo(site, plan, log)
+        _undo(site, plan)
         if isinstance(e, OSError):
             raise BuildError(f"Cannot write {e.filename or site}: {e.strerror}; the site is back as it was.") from None
         raise
@@ -243,5 +243,5 @@ def restore_installed(site: Path, log) -> None:
                          f"sglang to go back.")
     plan["op"] = "--restore"
     _write_atomic(info / STATE / JOURNAL, json.dumps(plan, indent=1).encode())
-    _undo(site, plan, log)
+    _undo(site, plan)
     log(f"restore   {len(plan['touched'])} files back as published, {len(plan['added'])} taken out of {site}")

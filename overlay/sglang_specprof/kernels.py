@@ -26,6 +26,7 @@ exported by the torch profiler reads the same way (`from_chrome`).
 
 from __future__ import annotations
 
+import functools
 import re
 
 PREFIX = "specprof/"
@@ -48,6 +49,7 @@ _RULES = (
 )
 
 
+@functools.lru_cache(maxsize=4096)  # a sample holds thousands of kernels and a few dozen names
 def kernel_class(name: str) -> str:
     low = name.lower()
     for cls, rx in _RULES:
@@ -119,7 +121,8 @@ def _parse_marks(annotations):
     return marks, cycles
 
 
-def _union(intervals) -> float:
+def union_length(intervals) -> float:
+    """Total length covered by (start, end) intervals, overlaps counted once."""
     total, end = 0, None
     for a, b in sorted(intervals):
         if end is None or a > end:
@@ -129,6 +132,11 @@ def _union(intervals) -> float:
             total += b - end
             end = b
     return total
+
+
+def _new_phase() -> dict:
+    return {"cycles": 0, "kernels": 0, "kernel_ms": 0.0, "busy_ms": {cls: 0.0 for cls in CLASSES}, "span_ms": 0.0,
+            "own_span_ms": 0.0, "idle_ms": 0.0, "event_ms": None}
 
 
 def analyse(norm: dict, event_ms: dict | None = None, tracks: int = TRACK_CYCLES, pause=None) -> dict:
@@ -179,8 +187,9 @@ def analyse(norm: dict, event_ms: dict | None = None, tracks: int = TRACK_CYCLES
     ev = event_ms or {}
     for n, seq in enumerate(counted):
         c = cycles[seq]
+        evrows = ev.get(seq) or ev.get(str(seq)) or []
         evrow = {}
-        for name, ms in ev.get(seq) or ev.get(str(seq)) or []:
+        for name, ms in evrows:
             evrow.setdefault(name, []).append(ms)
         used = {}
         track = {"cycle": seq, "bs": c["bs"], "phases": [], "kernels": []} if n < tracks else None
@@ -190,9 +199,7 @@ def analyse(norm: dict, event_ms: dict | None = None, tracks: int = TRACK_CYCLES
             ks = per_phase.get((seq, j), [])
             lo, hi = boundary.get((seq, j - 1)), boundary.get((seq, j))
             span = (hi - lo) if lo is not None and hi is not None else None
-            p = phases.setdefault(pname, {"cycles": 0, "kernels": 0, "kernel_ms": 0.0,
-                                          "busy_ms": {cls: 0.0 for cls in CLASSES}, "span_ms": 0.0,
-                                          "own_span_ms": 0.0, "idle_ms": 0.0, "event_ms": None})
+            p = phases.setdefault(pname, _new_phase())
             p["cycles"] += 1
             p["kernels"] += len(ks)
             for start, end, kname in ks:
@@ -205,7 +212,7 @@ def analyse(norm: dict, event_ms: dict | None = None, tracks: int = TRACK_CYCLES
                 if ks:  # from the phase's first kernel: the opening mark's event completes in between
                     p["own_span_ms"] += max(hi - min(a for a, _, _ in ks), 0) / 1e6
                 clipped = [(max(a, lo), min(b, hi)) for a, b, _ in ks if min(b, hi) > max(a, lo)]
-                p["idle_ms"] += (span - _union(clipped)) / 1e6
+                p["idle_ms"] += (span - union_length(clipped)) / 1e6
             i = used.get(pname, 0)
             used[pname] = i + 1
             got = evrow.get(pname) or []
@@ -221,7 +228,7 @@ def analyse(norm: dict, event_ms: dict | None = None, tracks: int = TRACK_CYCLES
                                              len(track["phases"]) - 1, CLASSES.index(kernel_class(kname)),
                                              name_ix[kname]])
         if track is not None:
-            track["events"] = [[name, round(ms, 4)] for name, ms in (ev.get(seq) or ev.get(str(seq)) or [])]
+            track["events"] = [[name, round(ms, 4)] for name, ms in evrows]
             tracks_out.append(track)
     gap_busy = {cls: 0.0 for cls in CLASSES}
     gap_names: dict = {}
@@ -312,9 +319,7 @@ def merge(blocks: list[dict]) -> dict | None:
     gap_busy = {cls: 0.0 for cls in CLASSES}
     for b in blocks:
         for name, p in b["phases"].items():
-            q = phases.setdefault(name, {"cycles": 0, "kernels": 0, "kernel_ms": 0.0,
-                                         "busy_ms": {cls: 0.0 for cls in CLASSES}, "span_ms": 0.0,
-                                         "own_span_ms": 0.0, "idle_ms": 0.0, "event_ms": None})
+            q = phases.setdefault(name, _new_phase())
             for key in ("cycles", "kernels", "kernel_ms", "span_ms", "own_span_ms", "idle_ms"):
                 q[key] += p.get(key) or 0
             if p.get("event_ms") is not None:

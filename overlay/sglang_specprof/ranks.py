@@ -67,7 +67,7 @@ class RankExchange:
                 or st.st_mode & 0o077:
             # another user could switch rank 0's spread off, or feed it numbers
             raise NotPrivate(f"{folder} is not a folder of this user's alone (mode "
-                             f"{stat.filemode(st.st_mode)}, owner {st.st_uid}); the spread across ranks is off.")
+                             f"{stat.filemode(st.st_mode)}, owner {st.st_uid})")
         atexit.register(self.close)
         try:  # a file left by an earlier server on this port must not pose as this rank's window
             os.unlink(self._path(rank))

@@ -27,6 +27,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "bench"))
 from gpu_models import write_models  # noqa: E402
 from serving import eagle3_args, http, start_all, stop_all  # noqa: E402
+from sglang_specprof.kernels import union_length  # noqa: E402  (the installed sglang-specprof)
 
 # name: (steps, topk, draft tokens, extra flags)
 SETTINGS = {
@@ -117,18 +118,6 @@ def totals(port):
     return states[0].get("speculative_profile") or {}
 
 
-def union_seconds(intervals):
-    total, end = 0.0, None
-    for a, b in sorted(intervals):
-        if end is None or a > end:
-            total += b - a
-            end = b
-        elif b > end:
-            total += b - end
-            end = b
-    return total
-
-
 def client_decode_seconds(done, merge_s=0.0015):
     """Decode time as the clients saw it: the union of the requests' decode spans (first
     token to last), less what each prefill that ran while other requests were decoding put
@@ -136,7 +125,7 @@ def client_decode_seconds(done, merge_s=0.0015):
     the prefill and a cycle at the new batch size; the interval after it, that cycle
     alone: the difference is the prefill's (median over the running requests)."""
     runs = [r["chunks"] for r in done if len(r["chunks"]) >= 2]
-    span = union_seconds([(c[0], c[-1]) for c in runs])
+    span = union_length([(c[0], c[-1]) for c in runs])
     batches = []  # first tokens that came together came from one prefill
     for f in sorted(c[0] for c in runs):
         if not batches or f - batches[-1] > merge_s:
@@ -163,7 +152,7 @@ def judge(name, recs, before, after, windows):
     tb, ta = before.get("totals") or {}, after.get("totals") or {}
     committed = ta.get("committed_tokens", 0) - tb.get("committed_tokens", 0)
     intervals = [(r["chunks"][0], r["chunks"][-1]) for r in done if len(r["chunks"]) >= 2]
-    span = union_seconds(intervals)
+    span = union_length(intervals)
     decode_s = client_decode_seconds(done)
     client_rate = client / decode_s if decode_s > 0 else None
     gpu_ms = ta.get("decode_gpu_ms", 0) - tb.get("decode_gpu_ms", 0)

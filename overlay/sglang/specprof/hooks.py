@@ -88,7 +88,7 @@ def install(server_args, tp_rank: int = 0, worker: str = "v2") -> None:
             try:
                 exchange = RankExchange(exchange_folder(getattr(server_args, "port", 0)), tp_rank, config["tp_size"])
             except OSError as e:
-                logger.warning("speculative profile: %s", e if str(e).endswith(".") else f"no spread across ranks ({e}).")
+                logger.warning("speculative profile: no spread across ranks (%s).", e)
         backend = CudaBackend()
         config["events"] = backend.kind  # "cuda.bindings", or "torch" without it
         P = Profiler(backend, interval=server_args.speculative_profile_interval, sink=sinks,

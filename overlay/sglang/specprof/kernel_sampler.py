@@ -24,6 +24,7 @@ logger = logging.getLogger("sglang.specprof")
 
 CYCLES = 4  # decode cycles per sample, after one of context: the stop costs about 12 ms a cycle recorded
 WAIT_CYCLES = 64  # cycles the stretch's last event may take to complete before the sample is given up
+MARKING = ("mark", "graph_replay", "graph_replayed")  # the profiler's methods that record a phase mark
 
 
 class KernelSampler:
@@ -44,7 +45,6 @@ class KernelSampler:
         self.sample = None
         self.samples = 0
         self.skipped = 0  # due, but another torch profiler was on
-        self.failed = 0
         self.warm_s = self._warm()
 
     def _new(self):
@@ -92,14 +92,12 @@ class KernelSampler:
             t0 = time.perf_counter()
             self.prof = self._new()
             self.prof.start()
-            self.sample = {"window": p.window_index, "start_s": time.perf_counter() - t0, "seqs": [],
-                           "t0": t0, "cycles_run": 0}
+            self.sample = {"window": p.window_index, "start_s": time.perf_counter() - t0, "t0": t0, "cycles_run": 0}
             self.left = self.cycles + 1
             self.seqs = set()
             self.state = st = "running"
-            p.mark = self._mark
-            p.graph_replay = self._graph_replay
-            p.graph_replayed = self._graph_replayed
+            for name in MARKING:
+                setattr(p, name, self._annotating(getattr(type(p), name)))
             p.end = self._end
         if self.sample is not None:
             self.sample["cycles_run"] += 1
@@ -107,33 +105,20 @@ class KernelSampler:
             s = p.cur
             if s is not None:
                 self.seqs.add(s.seq)
-                self.sample["seqs"].append(s.seq)
                 self._annotate(f"specprof/{s.seq}/begin/{kind}/{bs}")
 
-    def _after(self, s, n0):
-        if s is not None and s.n > n0:
-            self._annotate(f"specprof/{s.seq}/{s.names[s.n - 1]}")
-
-    def _mark(self, name):
+    def _annotating(self, method):
+        """`method` of the profiler, then an annotation of the mark it recorded, if it did."""
         p = self.p
-        s = p.cur
-        n0 = s.n if s is not None else 0
-        type(p).mark(p, name)
-        self._after(s, n0)
 
-    def _graph_replay(self, key):
-        p = self.p
-        s = p.cur
-        n0 = s.n if s is not None else 0
-        type(p).graph_replay(p, key)
-        self._after(s, n0)
+        def call(*args):
+            s = p.cur
+            n0 = s.n if s is not None else 0
+            method(p, *args)
+            if s is not None and s.n > n0:
+                self._annotate(f"specprof/{s.seq}/{s.names[s.n - 1]}")
 
-    def _graph_replayed(self):
-        p = self.p
-        s = p.cur
-        n0 = s.n if s is not None else 0
-        type(p).graph_replayed(p)
-        self._after(s, n0)
+        return call
 
     def _end(self):
         p = self.p
@@ -145,7 +130,7 @@ class KernelSampler:
                 self.end_event = s.events[s.n - 1]
                 self.waited = 0
                 self.state = "ending"
-                for name in ("mark", "graph_replay", "graph_replayed", "end"):
+                for name in MARKING + ("end",):
                     p.__dict__.pop(name, None)
 
     def _try_stop(self):
@@ -174,6 +159,7 @@ class KernelSampler:
         smp["stop_s"] = t1 - t0
         smp["host_span_s"] = t1 - smp.pop("t0")  # from the profiler's start to its stop
         smp["complete"] = bool(done)
+        smp["seqs"] = sorted(self.seqs)
         smp["prof"] = prof
         self.samples += 1
         self.p.items.append(("kernels", smp))
@@ -182,7 +168,7 @@ class KernelSampler:
         self.state = "idle"
         self.sample = None
         self.end_event = None
-        for name in ("begin", "mark", "graph_replay", "graph_replayed", "end"):
+        for name in ("begin", "end") + MARKING:
             self.p.__dict__.pop(name, None)
 
     def shutdown(self):
