@@ -12,7 +12,7 @@ That is the most the profiler can slow a cycle whose host work is on the critica
 the v2 scheduler waits there for the GPU, so the reader's work can fall there. `--buckets`
 spreads the cycles over that many batch-size buckets (a window close costs more with more).
 
-    python bench/hook_cost.py [--cycles 5000] [--reps 7] [--cpu] [--threaded --wait-us 2000]
+    python bench/hook_cost.py [--cycles 5000] [--reps 7] [--cpu] [--threaded --wait-us 2000] [--phases-every K]
 """
 import argparse
 import json
@@ -130,6 +130,9 @@ def main():
     ap.add_argument("--wait-us", type=float, default=0.0,
                     help="between end and harvest, spin this long with the GIL released (the GPU wait), untimed")
     ap.add_argument("--torch-events", action="store_true", help="torch's events, not cuda.bindings")
+    ap.add_argument("--phases-every", type=int, default=4, metavar="K",
+                    help="time the phases in one cycle of K, as --speculative-profile-phases-every (default 4; "
+                    "1: every phase of every cycle)")
     ap.add_argument("--cpu", action="store_true",
                     help="no GPU: events that cost nothing, so only the profiler's Python is timed")
     a = ap.parse_args()
@@ -147,7 +150,7 @@ def main():
         torch.cuda.set_stream(torch.cuda.Stream())  # a stream of its own, as the scheduler's forward stream
         backend = TorchEvents() if a.torch_events else CudaBackend()
         sync, device = torch.cuda.synchronize, torch.cuda.get_device_name()
-    on = Profiler(backend, interval=100, config=config, threaded=a.threaded)
+    on = Profiler(backend, interval=100, config=config, threaded=a.threaded, phases_every=a.phases_every)
     off = NullProfiler()
     kw = dict(bs=a.bs, buckets=a.buckets, wait_s=a.wait_us / 1e6)
     run(on, 500, sync, **kw)  # warm up
@@ -170,7 +173,8 @@ def main():
     out["on_p99_us"] = round(statistics.median(t[0] for t in tails["on"]), 2)
     out["on_max_us"] = round(max(t[1] for t in tails["on"]), 1)
     out["runs_us"] = {k: [round(x, 2) for x in v] for k, v in res.items()}
-    out.update(device=device or "cpu", events=getattr(backend, "kind", "none"), threaded=a.threaded, wait_us=a.wait_us, buckets=a.buckets, bs=a.bs)
+    out.update(device=device or "cpu", events=getattr(backend, "kind", "none"), threaded=a.threaded, wait_us=a.wait_us, buckets=a.buckets, bs=a.bs,
+               phases_every=a.phases_every)
     print(json.dumps(out))
 
 

@@ -773,6 +773,7 @@ def test_a_fifo_as_output_is_refused_at_startup(tmp_path):
 # scheduler's thread (the hooks and the commit; the reader thread reads the events), counted at the time of writing
 # plus a margin: a change that makes the hot path do more fails here, on any machine.
 HOT_PATH_CALLS = 26
+HOT_PATH_CALLS_SAMPLED = 28  # with the phases timed in one cycle of 4
 
 
 class CountingBackend(FakeBackend):
@@ -801,13 +802,14 @@ class CountingBackend(FakeBackend):
         return super().elapsed(a, b)
 
 
-def test_the_hot_path_stays_small():
+@pytest.mark.parametrize("every, most, records", [(1, HOT_PATH_CALLS, 12), (4, HOT_PATH_CALLS_SAMPLED, 4.5)])
+def test_the_hot_path_stays_small(every, most, records):
     import sys
     import time
 
     b = CountingBackend()
     p = Profiler(b, interval=100, config={"num_steps": 3, "worker": "v2"}, clock=b.clock, log_table=False,
-                 threaded=True)
+                 threaded=True, phases_every=every)
     reqs = [Req(10**9) for _ in range(8)]
     names = ["draft_prep", "draft_inputs", "draft", "draft_outputs", "tree", "verify_prep", "verify", "accept",
              "draft_extend_prep", "draft_extend", "draft_extend_post"]
@@ -844,10 +846,11 @@ def test_the_hot_path_stays_small():
     assert p.flush()
     per = calls[0] / 200
     print(f"{per:.1f} profiler calls a cycle on the scheduler's thread")
-    assert per <= HOT_PATH_CALLS, f"{per:.1f} profiler calls a cycle on the scheduler's thread"
-    # the scheduler's thread records the events; the reader reads them, every one
-    assert b.ops["record"] == 200 * 12 and "query" not in b.ops and "elapsed" not in b.ops, b.ops
-    assert b.ops["elapsed@reader"] >= 200 * 11 and b.ops["query@reader"] >= 200
+    assert per <= most, f"{per:.1f} profiler calls a cycle on the scheduler's thread"
+    # the scheduler's thread records the events (12 a cycle timed phase by phase, 2 one timed
+    # whole); the reader reads them, every one
+    assert b.ops["record"] == 200 * records and "query" not in b.ops and "elapsed" not in b.ops, b.ops
+    assert b.ops["elapsed@reader"] >= 200 * (records - 1) and b.ops["query@reader"] >= 200
 
 
 @pytest.mark.parametrize("given, rank1", [
@@ -928,3 +931,118 @@ def test_the_rank_exchange_folder_is_this_users_alone(tmp_path):
     ex.publish({"window": 0, "rank": 1, "buckets": {}})
     ex.close()  # at exit: its file, and the folder once empty
     assert not mine.exists()
+
+
+# -- phases in one cycle of K (--speculative-profile-phases-every) ---------------------------
+
+
+def _phase_sampled(every, cycles, interval=None, bs=lambda i: 1, **kw):
+    """`cycles` + 1 cycles (the last closes the window) of batch size bs(i), phases in one of `every`."""
+    b = FakeBackend()
+    out = []
+    p = Profiler(b, interval=interval or cycles, sink=out.append, config={"num_steps": 3, "phases_every": every},
+                 clock=b.clock, log_table=False, phases_every=every)
+    for i in range(cycles + 1):
+        run_cycle(p, b, bs=bs(i), **kw)
+    return p, b, out
+
+
+def test_every_cycle_is_timed_and_its_phases_one_in_k():
+    full_p, full_b, (full,) = _phase_sampled(1, 40)
+    p, b, (s,) = _phase_sampled(4, 40)
+    fb, sb = full["buckets"]["1"], s["buckets"]["1"]
+    # every cycle's GPU time and the decode time (tokens/s) are the same as with every phase timed
+    assert sb["cycles"] == fb["cycles"] == 40
+    assert sb["cycle_gpu_ms"]["n"] == 40 and sb["cycle_gpu_ms"]["mean"] == pytest.approx(8.6)
+    assert s["seconds"] == pytest.approx(full["seconds"]) and s["tokens_per_s"] == pytest.approx(full["tokens_per_s"])
+    assert sb["between_cycles_gpu_ms"]["n"] == fb["between_cycles_gpu_ms"]["n"]
+    assert sb["cycle_wall_ms"]["mean"] == pytest.approx(fb["cycle_wall_ms"]["mean"])
+    # the phases and draft steps come from cycles 0, 4, 8, ...: 10 of the 40, the same means
+    assert {n: ph["gpu_ms"]["n"] for n, ph in sb["phases"].items()} == {n: 10 for n, _ in PHASES}
+    assert {n: ph["gpu_ms"]["mean"] for n, ph in sb["phases"].items()} == pytest.approx(dict(PHASES))
+    assert [st["n"] for st in sb["draft_steps_gpu_ms"]] == [10, 10, 10]
+    assert sb["phase_cycle_gpu_ms"]["n"] == 10
+    assert sum(ph["share"] for ph in sb["phases"].values()) == pytest.approx(1.0, abs=1e-3)
+    assert s["samples"] and all(smp["phases"] for smp in s["samples"])  # the --trace cycles: timed ones only
+    # two events a plain cycle instead of one per mark and step
+    per_full, per = full_b.records / 41, b.records / 41
+    assert per_full == 1 + len(PHASES) + 4 and per < 0.25 * per_full + 0.75 * 2 + 0.5
+    table = format_summary(s)
+    assert "phases timed in 10 of 40 cycles" in table
+
+
+def test_each_batch_size_gets_its_timed_cycles():
+    _, _, (s,) = _phase_sampled(4, 30, bs=lambda i: 1 if i % 3 else 8)  # bs 8 in one cycle of 3: 10 of them
+    assert s["buckets"]["5-8"]["phases"]["verify"]["gpu_ms"]["n"] == 3  # its 1st, 5th and 9th
+    assert s["buckets"]["1"]["phases"]["verify"]["gpu_ms"]["n"] == 5
+
+
+def test_each_window_times_each_batch_size_by_phase():
+    # one bs-2 cycle a window, never the 8th of its size
+    _, _, out = _phase_sampled(8, 40, interval=10, bs=lambda i: 2 if i % 10 == 9 else 1)
+    assert len(out) == 4
+    for s in out:
+        assert s["buckets"]["2"]["phases"]["verify"]["gpu_ms"]["n"] == 1
+        assert s["buckets"]["1"]["phases"]["verify"]["gpu_ms"]["n"] == 2  # its 1st and 9th of the window
+
+
+def test_a_stalled_cycle_timed_whole_is_taken_out():
+    b = FakeBackend()
+    out = []
+    p = Profiler(b, interval=20, sink=out.append, config={"num_steps": 3}, clock=b.clock, log_table=False,
+                 phases_every=4)
+    for i in range(21):
+        if i == 6:  # a plain cycle where the device waited 200 ms on the host (a compile)
+            run_cycle(p, b, phases=[(n, 200.0 if n == "verify" else ms) for n, ms in PHASES])
+        else:
+            run_cycle(p, b)
+    (s,) = out
+    bk = s["buckets"]["1"]
+    assert bk["stalled"]["cycles"] == 1 and bk["stalled"]["gpu_ms"] == pytest.approx(8.6 - 6.0 + 200.0)
+    assert bk["cycle_gpu_ms"]["n"] == 19 and bk["cycle_gpu_ms"]["max"] == pytest.approx(8.6)
+    assert s["seconds"] > 0.2  # still decode time: counted in tokens/s
+
+
+def test_a_kernel_sample_times_its_cycles_phase_by_phase():
+    from fakes import FakeTorch
+    from sglang.specprof.kernel_sampler import KernelSampler
+
+    b = FakeBackend()
+    out = []
+    p = Profiler(b, interval=5, sink=out.append, config={"num_steps": 3}, clock=b.clock, log_table=False,
+                 phases_every=8)
+    p.kernels = KernelSampler(p, 1, torch_module=FakeTorch(b))
+    seen = []
+    for i in range(30):
+        p.begin("decode", 1)
+        s = p.cur
+        seen.append((p.kernels.state, s.detail))
+        for name, ms in PHASES:
+            b.advance(ms)
+            p.mark(name)
+        p.end()
+        b.advance(0.4)
+        p.harvest([2])
+    assert all(detail for state, detail in seen if state == "running")
+    assert any(state == "running" for state, _ in seen)
+    assert not all(detail for state, detail in seen if state == "idle")
+    assert p.detail_all == (p.kernels.state != "idle")  # back to one in 8 between samples
+
+
+def test_the_phase_sampling_option_is_checked():
+    from sglang.specprof import server_args as spa
+
+    class Args:
+        speculative_profile = True
+        speculative_algorithm = "EAGLE3"
+        speculative_profile_interval = 100
+        speculative_profile_output = None
+        speculative_profile_phases_every = 0
+
+    with pytest.raises(spa.SpecProfileArgError, match="phases-every must be 1 or more"):
+        spa.validate(Args())
+    Args.speculative_profile, Args.speculative_profile_phases_every = False, 2
+    with pytest.raises(spa.SpecProfileArgError, match="phases-every only takes effect"):
+        spa.validate(Args())
+    Args.speculative_profile_phases_every = spa.PHASES_EVERY  # the default, unset: fine
+    spa.validate(Args())

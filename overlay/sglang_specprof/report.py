@@ -133,8 +133,10 @@ def merge_buckets(windows: list[dict]) -> dict:
                       "host_ms": _merge_stats([b["phases"][n]["host_ms"] for b in bs if n in b["phases"]])}
                   for n in names}
         cyc = _merge_stats([b["cycle_gpu_ms"] for b in bs])
+        # the cycles the phases were timed in (all of them before --speculative-profile-phases-every)
+        timed = _merge_stats([b.get("phase_cycle_gpu_ms") or b["cycle_gpu_ms"] for b in bs])
         for p in phases.values():
-            p["share"] = _r(p["gpu_ms"]["mean"] / cyc["mean"]) if cyc["mean"] and p["gpu_ms"]["mean"] is not None else None
+            p["share"] = _r(p["gpu_ms"]["mean"] / timed["mean"]) if timed["mean"] and p["gpu_ms"]["mean"] is not None else None
         nsteps = max((len(b["draft_steps_gpu_ms"]) for b in bs), default=0)
         steps = [_merge_stats([b["draft_steps_gpu_ms"][i] for b in bs if len(b["draft_steps_gpu_ms"]) > i])
                  for i in range(nsteps)]
@@ -169,6 +171,7 @@ def merge_buckets(windows: list[dict]) -> dict:
             "phases": phases,
             "draft_steps_gpu_ms": steps,
             "cycle_gpu_ms": cyc,
+            "phase_cycle_gpu_ms": timed,
             "context_tokens": _merge_stats(ctx) if ctx else None,
             "between_cycles_gpu_ms": gap,
             "cycle_period_gpu_ms": gpu_period,

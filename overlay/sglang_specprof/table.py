@@ -24,7 +24,7 @@ def format_summary(s: dict, pause=None) -> str:
         per = (b.get("cycle_period_gpu_ms") or {}).get("mean")
         share = b.get("between_cycles_share")
         lines.append(
-            f"  bs {key}: {b['cycles']} cycles, phases {_f(b['cycle_gpu_ms']['mean'])} ms GPU, "
+            f"  bs {key}: {b['cycles']} cycles, cycle {_f(b['cycle_gpu_ms']['mean'])} ms GPU, "
             f"period {_f(per)} ms GPU ({_f(None if share is None else 100 * share, 1)}% between cycles), "
             f"host {_f(b['cycle_wall_ms']['mean'])} ms, "
             f"accept len {_f(acc['mean_length'], 2)} (by position {pos}), {_f(b['tokens_per_s'], 1)} tok/s"
@@ -33,8 +33,11 @@ def format_summary(s: dict, pause=None) -> str:
         if skipped or cut:
             lines.append(f"    not committed: {skipped} requests already finished or retracted when their tokens "
                          f"came, {cut} tokens past a stop ({acc.get('cut_requests') or 0} requests)")
+        timed = (b.get("phase_cycle_gpu_ms") or b["cycle_gpu_ms"]).get("n")
+        where = (f"phases timed in {timed} of {b['cycles']} cycles; " if (cfg.get("phases_every") or 1) > 1
+                 and timed is not None else "")
         lines.append(f"    {'phase':<20}{'gpu ms':>9}{'p50':>9}{'p90':>9}{'p99':>9}{'host ms':>9}"
-                     f"{'share':>8}  (share: of the mean phases total)")
+                     f"{'share':>8}  ({where}share: of those cycles' mean GPU time)")
         for name, p in b["phases"].items():
             g, h = p["gpu_ms"], p["host_ms"]
             share = "-" if p["share"] is None else f"{100 * p['share']:.1f}%"

@@ -21,6 +21,7 @@ STALL_HOST_SHARE = 0.8  # host time at least this share of the span
 STALL_MIN_MS = 1.0
 STALL_TIMES_P50 = 4.0  # and longer than 4 x the phase's p50 + 0.5 ms
 STALL_CANDIDATES = 16  # cycles kept per bucket and window to judge at its close
+WHOLE = "(cycle)"  # a stall candidate timed without its phases: the whole cycle in one row
 SAMPLES_PER_SERIES = 2048  # reservoir size: memory stays bounded whatever the window length
 CYCLE_SAMPLES = 8  # whole cycles kept per window, for timelines (the report's --trace)
 
@@ -40,6 +41,7 @@ class Cycle:
     period_gpu_ms: float | None = None  # GPU time from the previous cycle's start to this one's
     host_pause_ms: float = 0.0  # host time the garbage collector stopped the process inside the cycle
     drained: bool = False  # every request had finished before it: no decode time
+    whole: tuple[float, float] | None = None  # (GPU ms, host ms) of a cycle timed without its phases
 
 
 def bucket_of(bs: int) -> str:
@@ -127,6 +129,7 @@ class Bucket:
         self.steps: list[Series] = []
         self.gap = Series()
         self.cycle_gpu = Series()
+        self.phase_cycle_gpu = Series()  # the cycles timed phase by phase (all, or one in --speculative-profile-phases-every)
         self.context = Series()
         self.period = Series()
         self.period_gpu = Series()
@@ -155,30 +158,36 @@ class Bucket:
             return
         self.cycles += 1
         total = 0.0
-        gpu, host = self.gpu, self.host
-        for name, g, h in c.phases:
-            sg = gpu.get(name)
-            if sg is None:
-                self.order.append(name)
-                sg = gpu[name] = Series()
-                host[name] = Series()
-            sg.add(g)
-            host[name].add(h)
-            total += g
+        if c.whole is not None:  # its start and end only: the cycle's time, no phases
+            total, host_ms = c.whole
+            rows = [(WHOLE, total, host_ms)]
+        else:
+            gpu, host = self.gpu, self.host
+            for name, g, h in c.phases:
+                sg = gpu.get(name)
+                if sg is None:
+                    self.order.append(name)
+                    sg = gpu[name] = Series()
+                    host[name] = Series()
+                sg.add(g)
+                host[name].add(h)
+                total += g
+            self.phase_cycle_gpu.add(total)
+            rows = c.phases
         self.cycle_gpu.add(total)
         if c.drained:
             self.drain_cycles += 1
         else:
             self.decode_ms += total + (c.gap_gpu_ms or 0.0)
-        worst = max((g for _, g, h in c.phases if g > STALL_MIN_MS and h >= STALL_HOST_SHARE * g), default=0.0)
+        worst = max((g for _, g, h in rows if g > STALL_MIN_MS and h >= STALL_HOST_SHARE * g), default=0.0)
         if worst:
             cand = self.candidates
             if len(cand) < STALL_CANDIDATES:
-                cand.append((worst, c.phases))
+                cand.append((worst, rows))
             else:
                 i = min(range(len(cand)), key=lambda j: cand[j][0])
                 if worst > cand[i][0]:
-                    cand[i] = (worst, c.phases)
+                    cand[i] = (worst, rows)
         if c.host_pause_ms:
             self.pauses.add(c.host_pause_ms)
         if c.context_tokens is not None:
@@ -228,17 +237,21 @@ class Bucket:
         for _, phases in self.candidates:
             waited = []
             for name, g, h in phases:
-                if name not in p50:
-                    p50[name] = percentile(sorted(self.gpu[name].samples), 0.5)
+                if name not in p50:  # a cycle timed whole is judged against the cycles' p50
+                    series = self.cycle_gpu if name == WHOLE else self.gpu[name]
+                    p50[name] = percentile(sorted(series.samples), 0.5)
                 if g > STALL_MIN_MS and h >= STALL_HOST_SHARE * g and g > STALL_TIMES_P50 * p50[name] + 0.5:
                     waited.append((name, g, h))
             if not waited or self.cycle_gpu.n <= 1:
                 continue
             total = 0.0
             for name, g, h in phases:
-                self.gpu[name].remove(g)
-                self.host[name].remove(h)
+                if name != WHOLE:
+                    self.gpu[name].remove(g)
+                    self.host[name].remove(h)
                 total += g
+            if phases[0][0] != WHOLE:
+                self.phase_cycle_gpu.remove(total)
             self.cycle_gpu.remove(total)
             out["cycles"] += 1
             out["gpu_ms"] += total
@@ -256,7 +269,7 @@ class Bucket:
     def summary(self, num_steps: int | None) -> dict:
         phases = {}
         stalled = self._take_out_stalls()
-        mean_cycle = self.cycle_gpu.mean
+        mean_cycle = self.phase_cycle_gpu.mean  # shares: of the cycles the phases were timed in
         for name in self.order:
             g = self.gpu[name]
             phases[name] = {"gpu_ms": g.stats(), "host_ms": self.host[name].stats(),
@@ -271,6 +284,7 @@ class Bucket:
             "phases": phases,
             "draft_steps_gpu_ms": [s.stats() for s in self.steps],
             "cycle_gpu_ms": self.cycle_gpu.stats(),
+            "phase_cycle_gpu_ms": self.phase_cycle_gpu.stats(),
             "context_tokens": self.context.stats(),
             "between_cycles_gpu_ms": self.gap.stats(),
             "cycle_period_gpu_ms": self.period_gpu.stats(),
@@ -332,7 +346,7 @@ class Window:
         self.bucket(c.bs).add_cycle(c)
         if c.kind == "decode":
             self.decode_cycles += 1
-            if c.host_start_s is not None and len(c.host_offsets_ms) == len(c.phases):
+            if c.whole is None and c.host_start_s is not None and len(c.host_offsets_ms) == len(c.phases):
                 self.samples.append(c)
                 total = sum(g for _, g, _ in c.phases)
                 if total > self._slowest_ms:

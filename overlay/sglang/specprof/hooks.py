@@ -61,6 +61,7 @@ def install(server_args, tp_rank: int = 0, worker: str = "v2") -> None:
             "worker": worker,
             "tp_size": getattr(server_args, "tp_size", 1),
             "cuda_graph": not getattr(server_args, "disable_cuda_graph", False),
+            "phases_every": getattr(server_args, "speculative_profile_phases_every", 1) or 1,
         }
         try:
             import sglang
@@ -92,7 +93,8 @@ def install(server_args, tp_rank: int = 0, worker: str = "v2") -> None:
         backend = CudaBackend()
         config["events"] = backend.kind  # "cuda.bindings", or "torch" without it
         P = Profiler(backend, interval=server_args.speculative_profile_interval, sink=sinks,
-                     config=config, rank=tp_rank, log_table=(tp_rank == 0), exchange=exchange, threaded=True, on_error=disable)
+                     config=config, rank=tp_rank, log_table=(tp_rank == 0), exchange=exchange, threaded=True, on_error=disable,
+                     phases_every=config["phases_every"])
         P.follow_gc()
         every = getattr(server_args, "speculative_profile_kernels", 0) or 0
         kernels = ""
@@ -105,9 +107,12 @@ def install(server_args, tp_rank: int = 0, worker: str = "v2") -> None:
                 kernels = f", kernel sample of {CYCLES} cycles every {every} windows (CUPTI ready in {P.kernels.warm_s} s)"
             except Exception as e:
                 logger.warning("speculative profile: no kernel samples (%s: %s).", type(e).__name__, e)
-        logger.info("speculative profile on (%s worker, window %d cycles, events through %s%s%s)", worker,
-                    server_args.speculative_profile_interval, backend.kind, f", JSONL {path}" if path else "",
-                    kernels)
+        every_phase = config["phases_every"]
+        logger.info("speculative profile on (%s worker, window %d cycles, %s, events through %s%s%s)", worker,
+                    server_args.speculative_profile_interval,
+                    "every phase of every cycle" if every_phase == 1 else
+                    f"every cycle, its phases in one of {every_phase}", backend.kind,
+                    f", JSONL {path}" if path else "", kernels)
     except Exception as e:
         logger.warning("speculative profile could not start (%s: %s); serving without it.", type(e).__name__, e)
         P = NullProfiler()

@@ -71,6 +71,7 @@ class KernelSampler:
         if self.state == "idle" and (index + 1) % self.every == 0:
             self.state = "armed"
             p = self.p
+            p.detail_all = True  # the sampled cycles timed phase by phase, to set beside their kernels
             p.begin = self._begin
 
     def _annotate(self, name: str) -> None:
@@ -168,6 +169,7 @@ class KernelSampler:
         self.state = "idle"
         self.sample = None
         self.end_event = None
+        self.p.detail_all = self.p.phases_every == 1
         for name in ("begin", "end") + MARKING:
             self.p.__dict__.pop(name, None)
 

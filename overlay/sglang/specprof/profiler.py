@@ -47,7 +47,7 @@ def _context(ctx):
 
 class _Slot:
     __slots__ = ("events", "host", "names", "n", "step_events", "ns", "kind", "bs", "ctx", "graph", "steps_key",
-                 "steps_replay", "steps_ms", "seq", "gc_ms", "span")
+                 "steps_replay", "steps_ms", "seq", "gc_ms", "span", "detail")
 
     def __init__(self, backend):
         self.events = [backend.new_event() for _ in range(FIRST_MARKS)]
@@ -69,6 +69,7 @@ class _Slot:
         self.seq = -1
         self.gc_ms = 0.0
         self.span = 0.0
+        self.detail = True  # every phase timed; False: the cycle's first and last event only
 
 
 class RankSpreadSink:
@@ -157,9 +158,17 @@ class Profiler(NullProfiler):
     enabled = True
 
     def __init__(self, backend, interval=100, sink=None, config=None, clock=time.perf_counter, rank=0,
-                 log_table=True, exchange=None, threaded=False, on_error=None):
+                 log_table=True, exchange=None, threaded=False, on_error=None, phases_every=1):
         self.backend = backend
         self.interval = interval
+        # Each batch size's cycles are timed phase by phase one in `phases_every` (in each
+        # window the first, then every phases_every-th); the others record two events (their
+        # start and end) and skip the marks: every cycle's GPU time, a sample of its phases, at
+        # about half the host time. `detail_all`: every cycle in detail (prefills always; the
+        # cycles of a kernel sample).
+        self.phases_every = max(1, int(phases_every))
+        self.detail_all = self.phases_every == 1
+        self._detail_seen: dict = {}  # batch size -> decode cycles begun
         self.on_error = on_error
         self.broken = False
         # callables given each window's summary, in order: the rank spread (it adds `ranks`),
@@ -216,7 +225,7 @@ class Profiler(NullProfiler):
         # and acceptance lists come in the same order, so the k-th list settles the k-th cycle.
         self.timing_lock = threading.Lock()
         self.timing = {"decode_cycles": 0, "prefill_cycles": 0, "phase_gpu_ms": {}, "decode_gpu_ms": 0.0,
-                       "drain_cycles": 0}
+                       "drain_cycles": 0, "phase_cycles": 0}  # phase_gpu_ms: the sums over phase_cycles
         self.prev_done: _Slot | None = None  # reader: kept until the next cycle is read, for the gap
         self.read_dropped = 0  # reader: cycles whose events never completed, dropped
         self.decode_read = 0
@@ -284,6 +293,11 @@ class Profiler(NullProfiler):
             s.ctx = _context(ctx)
             s.seq = self.seq
             self.seq += 1
+            if not self.detail_all and kind == "decode":
+                seen = self._detail_seen
+                k = seen.get(bs, 0)
+                seen[bs] = k + 1
+                s.detail = k % self.phases_every == 0
             self.cur = s
             self.backend.refresh()
             self._record(s, "begin")
@@ -292,7 +306,11 @@ class Profiler(NullProfiler):
 
     def mark(self, name):
         s = self.cur
-        if s is None:
+        if s is None or not s.detail:
+            if name is self.gate_open_mark:
+                self.gate.open()
+            elif name is self.gate_shut_mark:
+                self.gate.shut()
             return
         try:
             n = s.n
@@ -317,6 +335,12 @@ class Profiler(NullProfiler):
         if s is None:
             return
         self.cur = None
+        if not s.detail:  # the cycle's end: its last mark came just before
+            try:
+                self._record(s, "end")
+            except Exception as e:
+                self._fail(e)
+                return
         self.items.append(("slot", s))
         if len(self.items) >= 8:
             self._hand_over()
@@ -363,7 +387,7 @@ class Profiler(NullProfiler):
                 evs.append(ev)
             else:
                 s = self.cur
-                if s is None:
+                if s is None or not s.detail:
                     return
                 if i == 0:
                     s.ns = 0  # a draft that ran again in the same cycle: its steps replace the first's
@@ -417,7 +441,10 @@ class Profiler(NullProfiler):
         try:
             s = self.cur
             if s is not None:
-                self._record(s, "draft_inputs")
+                if not s.detail:  # its steps are not read: the replay is counted, nothing kept
+                    s = None
+                else:
+                    self._record(s, "draft_inputs")
             if key not in self.step_events:
                 return
             with self.steps_lock:
@@ -540,6 +567,7 @@ class Profiler(NullProfiler):
             "tokens": dict(self.tokens),
         }))
         self._hand_over()
+        self._detail_seen.clear()  # each batch size's first cycle in the next window: timed by phase
         if self.kernels is not None:
             self.kernels.window_closed(self.window_index)
         self.window_index += 1
@@ -617,12 +645,17 @@ class Profiler(NullProfiler):
         names, host = s.names, s.host
         h0 = host[0]
         span = 0.0
-        for i in range(1, s.n):
-            hb = host[i - 1]
-            g = el(ev[i - 1], ev[i])
-            span += g
-            phases.append((names[i], g, (host[i] - hb) * 1000.0))
-            offsets.append((hb - h0) * 1000.0)
+        whole = None
+        if not s.detail:  # two events: the cycle's start and end
+            span = el(ev[0], ev[1]) if s.n > 1 else 0.0
+            whole = (span, (host[s.n - 1] - h0) * 1000.0)
+        else:
+            for i in range(1, s.n):
+                hb = host[i - 1]
+                g = el(ev[i - 1], ev[i])
+                span += g
+                phases.append((names[i], g, (host[i] - hb) * 1000.0))
+                offsets.append((hb - h0) * 1000.0)
         s.span = span  # first mark to last, as the sum of the phases
         if s.steps_key == "eager":
             se = s.step_events
@@ -646,14 +679,16 @@ class Profiler(NullProfiler):
             period = (h0 - p.host[0]) * 1000.0
         c = Cycle(kind=s.kind, bs=s.bs, context_tokens=s.ctx, phases=phases, steps_gpu_ms=steps, gap_gpu_ms=gap,
                   period_host_ms=period, graph=s.graph, host_start_s=h0, host_offsets_ms=offsets,
-                  period_gpu_ms=gpu_period, host_pause_ms=s.gc_ms)
+                  period_gpu_ms=gpu_period, host_pause_ms=s.gc_ms, whole=whole)
         with self.timing_lock:
             t = self.timing
             t[s.kind + "_cycles"] = t.get(s.kind + "_cycles", 0) + 1
             if s.kind == "decode":
-                sums = t["phase_gpu_ms"]
-                for name, g, _ in phases:
-                    sums[name] = sums.get(name, 0.0) + g
+                if s.detail:
+                    t["phase_cycles"] += 1
+                    sums = t["phase_gpu_ms"]
+                    for name, g, _ in phases:
+                        sums[name] = sums.get(name, 0.0) + g
                 # decode time: each cycle's own span, and the GPU time after a decode cycle
                 # until this one (not after a prefill or an idle server)
                 ms = span + (gap or 0.0)
@@ -770,6 +805,7 @@ class Profiler(NullProfiler):
             out = {"decode_cycles": t["decode_cycles"], "prefill_cycles": t["prefill_cycles"]}
             out.update(tokens)
             out.update(decode_gpu_ms=round(t["decode_gpu_ms"], 4), drain_cycles=t["drain_cycles"],
+                       phase_cycles=t["phase_cycles"],
                        phase_gpu_ms={k: round(v, 4) for k, v in t["phase_gpu_ms"].items()})
         return out
 

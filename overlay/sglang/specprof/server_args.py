@@ -1,7 +1,7 @@
 """--speculative-profile and its options: the command line, and the check at startup.
 
-ServerArgs carries four fields (speculative_profile, speculative_profile_interval,
-speculative_profile_output, speculative_profile_kernels); the patch to server_args.py calls into this module so that
+ServerArgs carries five fields (speculative_profile, speculative_profile_interval,
+speculative_profile_output, speculative_profile_kernels, speculative_profile_phases_every); the patch to server_args.py calls into this module so that
 the options and their validation live here, not in upstream's file.
 """
 
@@ -14,6 +14,7 @@ import stat
 # NEXTN is SGLang's name for EAGLE on MTP layers: 0.5.8 checks the flag before it renames it.
 PROFILED_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN")
 KERNELS_EVERY = 400  # --speculative-profile-kernels without N: one sample every 400 windows (about 0.24 s each)
+PHASES_EVERY = 4  # each batch size's cycles timed phase by phase one in 4 (the rest: start and end only)
 
 
 class SpecProfileArgError(ValueError):
@@ -55,15 +56,26 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         "profiler (CUPTI) and break each phase down into GEMM, attention, communication, "
         f"sampling, copies and idle time (no N: {KERNELS_EVERY}; default: off).",
     )
+    group.add_argument(
+        "--speculative-profile-phases-every",
+        type=int,
+        default=PHASES_EVERY,
+        metavar="K",
+        help="Time every cycle on the GPU, and its phases and draft steps in one cycle of K "
+        "of each batch size (the others record two events, not twelve). 1: every phase of "
+        f"every cycle, at about three times the host time (default: {PHASES_EVERY}).",
+    )
 
 
 def validate(args) -> None:
     """Raise SpecProfileArgError if the profiler options cannot work together."""
     if not getattr(args, "speculative_profile", False):
-        for opt in ("output", "kernels"):
-            if getattr(args, f"speculative_profile_{opt}", None):
+        for opt in ("output", "kernels", "phases_every"):
+            value = getattr(args, f"speculative_profile_{opt}", None)
+            if value and not (opt == "phases_every" and value == PHASES_EVERY):
                 raise SpecProfileArgError(
-                    f"--speculative-profile-{opt} only takes effect with --speculative-profile; add it."
+                    f"--speculative-profile-{opt.replace('_', '-')} only takes effect with --speculative-profile; "
+                    f"add it."
                 )
         return
     algo = args.speculative_algorithm
@@ -83,6 +95,9 @@ def validate(args) -> None:
     kernels = getattr(args, "speculative_profile_kernels", 0) or 0
     if not isinstance(kernels, int) or kernels < 0:
         raise SpecProfileArgError(f"--speculative-profile-kernels must be 0 (off) or more, not {kernels}.")
+    every = getattr(args, "speculative_profile_phases_every", 1)
+    if not isinstance(every, int) or every < 1:
+        raise SpecProfileArgError(f"--speculative-profile-phases-every must be 1 or more, not {every}.")
     path = args.speculative_profile_output
     if path:
         folder = os.path.dirname(os.path.abspath(path)) or "."
