@@ -318,3 +318,80 @@ def test_a_016_gpu_profile_splits_the_draft_graph():
     steps = sum(s["mean"] for s in b["draft_steps_gpu_ms"])
     # the replay is the draft steps plus what the graph does before the first step event
     assert steps <= b["phases"]["draft"]["gpu_ms"]["mean"] <= steps * 1.15
+
+
+def _long_profile(path, windows):
+    lines = [json.loads(x) for x in open(V2) if x.strip()]
+    with open(path, "w") as f:
+        for n in range(windows):
+            f.write(json.dumps(dict(lines[n % len(lines)], window=n)) + "\n")
+    return path.stat().st_size
+
+
+def test_a_long_profile_is_merged_as_it_is_read(tmp_path):
+    """The report holds the merge, not the windows: reading a profile of 600 windows (2 MB)
+    peaks under the file's size (the windows held as dicts took 10 times it), and `--last 1`
+    under a quarter of it."""
+    import tracemalloc
+
+    path = tmp_path / "long.jsonl"
+    size = _long_profile(path, 600)
+    tracemalloc.start()
+    try:
+        for last, most in ((1, size / 4), (None, size)):
+            base = tracemalloc.get_traced_memory()[0]
+            tracemalloc.reset_peak()
+            merge = report.Merge()
+            for w in report.stream(str(path), last):
+                merge.add(w)
+            cycles = merge.result()["decode_cycles"]
+            peak = tracemalloc.get_traced_memory()[1] - base
+            del merge, w
+            assert peak < most, (last, peak, size)
+            assert cycles == (600 if last is None else 1) * 100
+    finally:
+        tracemalloc.stop()
+
+
+def test_an_endless_line_or_a_slow_server_is_one_sentence(tmp_path, monkeypatch):
+    import socket
+    import threading
+    import time
+
+    from sglang_specprof import schema
+
+    monkeypatch.setattr(schema, "MAX_LINE", 1 << 16)
+    path = tmp_path / "endless.jsonl"
+    path.write_text("x" * (1 << 17))  # no newline, ever
+    with pytest.raises(schema.ProfileError) as e:  # one sentence: the command prints it, exit 1
+        report.load(str(path))
+    assert "line 1 is over 0.0625 MiB long" in str(e.value) and "not a profile" in str(e.value)
+
+    # a server that answers one byte a second: the whole answer has URL_SECONDS, not each read
+    monkeypatch.setattr(report, "URL_SECONDS", 1.0)
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+    stop = threading.Event()
+
+    def trickle():
+        conn, _ = srv.accept()
+        conn.recv(4096)
+        conn.sendall(b"HTTP/1.0 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n")
+        while not stop.is_set():
+            try:
+                conn.sendall(b" ")
+            except OSError:
+                break
+            time.sleep(0.3)
+        conn.close()
+
+    threading.Thread(target=trickle, daemon=True).start()
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(report.SourceError, match="no whole answer within 1.0 s"):
+            report.load(f"http://127.0.0.1:{srv.getsockname()[1]}")
+    finally:
+        stop.set()
+        srv.close()
+    assert time.monotonic() - t0 < 5

@@ -14,6 +14,7 @@ import sys
 
 from . import compare as compare_mod, report
 from .schema import ProfileError
+from .trace import fields as trace_fields, trace
 
 PLOT_FORMATS = ("png", "pdf", "svg", "jpg", "jpeg", "eps", "ps", "tif", "tiff", "webp", "svgz")
 
@@ -49,19 +50,23 @@ def main(argv=None) -> int:
         if args.command == "report":
             if args.last is not None and args.last < 1:
                 raise report.SourceError("--last must be 1 or more")
-            windows, notes = report.load(args.source, args.last)
+            # the windows are merged as they are read: only the merge (and, for --trace, each
+            # window's sampled cycles) is held, whatever the profile's length
+            merge, traced, notes = report.Merge(), [], []
+            for w in report.stream(args.source, args.last, notes):
+                merge.add(w)
+                if args.trace:
+                    traced.append(trace_fields(w))
             for n in notes:
                 print(f"sglang-specprof: note: {n}", file=sys.stderr)
-            summary = report.summarize(windows)
+            summary = merge.result()
             advice = report.advise(summary)
             if args.json:
                 print(json.dumps({"summary": summary, "advice": advice}, indent=1))
             else:
                 print(report.render(summary, advice))
             if args.trace:
-                from .trace import trace
-
-                tr = trace(windows)
+                tr = trace(traced)
                 if not tr["otherData"]["cycles"]:
                     raise report.SourceError(f"{args.source} holds no sampled cycles to trace "
                                              f"(it was written by a build that did not keep them)")
@@ -86,7 +91,7 @@ def main(argv=None) -> int:
                     raise report.SourceError(f"cannot write {args.plot}: {e.strerror}") from None
                 print(f"sglang-specprof: figure in {args.plot}", file=sys.stderr)
         else:
-            (wa, na), (wb, nb) = report.load(args.a), report.load(args.b)
+            (wa, na), (wb, nb) = report.load(args.a, keep=compare_mod.fields), report.load(args.b, keep=compare_mod.fields)
             for n in na + nb:
                 print(f"sglang-specprof: note: {n}", file=sys.stderr)
             result = compare_mod.compare(wa, wb)

@@ -13,6 +13,18 @@ import math
 MIN_WINDOWS = 3
 
 
+def fields(w: dict) -> dict:
+    """What the comparison reads of a window: each bucket's cycles, phase means, host period,
+    accept length and tokens/s (a window's sampled cycles and kernel sample are most of its
+    size and are not kept)."""
+    return {"buckets": {key: {"cycles": b.get("cycles"),
+                              "phases": {n: {"gpu_ms": {"mean": p["gpu_ms"]["mean"]}} for n, p in b["phases"].items()},
+                              "cycle_wall_ms": {"mean": b["cycle_wall_ms"]["mean"]},
+                              "accept": {"mean_length": b["accept"]["mean_length"]},
+                              "tokens_per_s": b.get("tokens_per_s")}
+                        for key, b in w["buckets"].items()}}
+
+
 def _window_means(windows, key, get):
     vals = []
     for w in windows:

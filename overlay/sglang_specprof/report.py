@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import threading
 import urllib.request
+from array import array
+from collections import deque
 
 from . import advisor, kernels, schema, window
 from .table import format_summary
@@ -18,12 +21,17 @@ _UNREADABLE = (TypeError, KeyError, ValueError, AttributeError, IndexError, Over
                RecursionError)
 
 
-def readable(windows: list[dict], source: str) -> list[dict]:
-    """Each window through the report on its own first: one whose fields hold values of the
-    wrong type is named in one sentence, not a traceback halfway through the report."""
+URL_SECONDS = 30  # a live server's whole answer, not each read
+MAX_ANSWER = 64 << 20
+
+
+def readable(windows, source: str, start: int = 0):
+    """Each window through the report on its own first, as it is read: one whose fields hold
+    values of the wrong type is named in one sentence, not a traceback halfway through the
+    report. A generator: the windows go on one at a time."""
     from .trace import trace
 
-    for i, w in enumerate(windows):
+    for i, w in enumerate(windows, start):
         try:
             s = summarize([w])
             advise(s)
@@ -33,42 +41,86 @@ def readable(windows: list[dict], source: str) -> list[dict]:
             first = (str(e).strip().splitlines() or [""])[0][:120]
             raise SourceError(f"{source}: window {w.get('window', i)!r} (the {i + 1}th read) holds a value the "
                               f"report cannot use ({type(e).__name__}: {first})") from None
-    return windows
+        yield w
 
 
-def load(source: str, last: int | None = None) -> tuple[list[dict], list[str]]:
-    """Windows from a JSONL file, or the latest window of a live server (http://host:port)."""
-    if source.startswith(("http://", "https://")):
-        url = source.rstrip("/") + "/server_info"
+def _server_info(url: str) -> dict:
+    """GET url within URL_SECONDS in all (a server that answers slowly cannot keep the
+    command waiting), at most MAX_ANSWER bytes."""
+    box: dict = {}
+
+    def get():
         try:
-            with urllib.request.urlopen(url, timeout=30) as r:
-                info = json.load(r)
+            with urllib.request.urlopen(url, timeout=URL_SECONDS) as r:
+                body = r.read(MAX_ANSWER + 1)
+            if len(body) > MAX_ANSWER:
+                box["error"] = f"its answer is over {MAX_ANSWER >> 20} MiB"
+            else:
+                box["info"] = json.loads(body)
         except (OSError, ValueError) as e:
-            raise SourceError(f"cannot read {url}: {e}") from None
-        if not isinstance(info, dict) or not isinstance(info.get("internal_states") or [], list):
-            raise SourceError(f"{url} did not answer with server info (a JSON object with internal_states)")
-        wins = []
-        for n, st in enumerate(info.get("internal_states") or []):
-            prof = (st if isinstance(st, dict) else {}).get("speculative_profile") or {}
-            if isinstance(prof, dict) and prof.get("latest"):
-                bad = schema.problems(prof["latest"])
-                if bad:
-                    raise SourceError(f"{url}: internal state {n} is not a {schema.SCHEMA} window: {'; '.join(bad[:3])}")
-                wins.append(prof["latest"])
-        if not wins:
-            raise SourceError(f"{source} reports no profile window yet (is --speculative-profile on, "
-                              f"and have {''}enough decode cycles run to close a window?)")
-        return readable(wins, source), []
+            box["error"] = str(e)
+
+    t = threading.Thread(target=get, name="specprof-url", daemon=True)
+    t.start()
+    t.join(URL_SECONDS)
+    if t.is_alive():
+        raise SourceError(f"cannot read {url}: no whole answer within {URL_SECONDS} s")
+    if "error" in box:
+        raise SourceError(f"cannot read {url}: {box['error']}")
+    return box["info"]
+
+
+def _live(source: str) -> list[dict]:
+    url = source.rstrip("/") + "/server_info"
+    info = _server_info(url)
+    if not isinstance(info, dict) or not isinstance(info.get("internal_states") or [], list):
+        raise SourceError(f"{url} did not answer with server info (a JSON object with internal_states)")
+    wins = []
+    for n, st in enumerate(info.get("internal_states") or []):
+        prof = (st if isinstance(st, dict) else {}).get("speculative_profile") or {}
+        if isinstance(prof, dict) and prof.get("latest"):
+            bad = schema.problems(prof["latest"])
+            if bad:
+                raise SourceError(f"{url}: internal state {n} is not a {schema.SCHEMA} window: {'; '.join(bad[:3])}")
+            wins.append(prof["latest"])
+    if not wins:
+        raise SourceError(f"{source} reports no profile window yet (is --speculative-profile on, "
+                          f"and have enough decode cycles run to close a window?)")
+    return wins
+
+
+def stream(source: str, last: int | None = None, notes: list | None = None, keep=None):
+    """The windows of a JSONL file (the `last` N only, if given) or the latest window of a live
+    server (http://host:port), one at a time and each checked (`readable`): a profile is never
+    held whole. `keep`: applied to each window kept (a caller that needs some fields only)."""
+    seen = 0
     try:
-        windows, notes = schema.read(source, skip_torn=True)
+        if source.startswith(("http://", "https://")):
+            got = _live(source)
+        else:
+            got = schema.iter_windows(source, skip_torn=True, notes=notes)
+            if last:
+                got = deque(got, maxlen=last)
+        for w in readable(got, source):
+            seen += 1
+            yield w if keep is None else keep(w)
     except FileNotFoundError:
         raise SourceError(f"{source}: no such file") from None
     except IsADirectoryError:
         raise SourceError(f"{source} is a folder, not a profile") from None
-    if not windows:
+    except PermissionError:
+        raise SourceError(f"{source}: not readable (permission denied)") from None
+    except MemoryError:
+        raise SourceError(f"{source}: out of memory while reading it") from None
+    if not seen:
         raise SourceError(f"{source} holds no profile window")
-    windows = windows[-last:] if last else windows
-    return readable(windows, source), notes
+
+
+def load(source: str, last: int | None = None, keep=None) -> tuple[list[dict], list[str]]:
+    """All windows (the `last` N) of a file or a live server, and the notes on lines skipped."""
+    notes: list[str] = []
+    windows = list(stream(source, last, notes, keep))
+    return windows, notes
 
 
 def _wmean(pairs):
@@ -88,145 +140,244 @@ def _wmedian(pairs):
     return None
 
 
-def _merge_stats(stats: list[dict]) -> dict:
-    """Count-weighted mean; the percentiles are count-weighted medians of the windows' ones."""
-    pairs = [(s, s.get("n") or 0) for s in stats]
-    out = {"n": sum(n for _, n in pairs)}
-    out["mean"] = _r(_wmean([(s["mean"], n) for s, n in pairs]))
-    for q in ("p50", "p90", "p99"):
-        out[q] = _r(_wmedian([(s[q], n) for s, n in pairs]))
-    highs = [s["max"] for s, n in pairs if n and s.get("max") is not None]
-    out["max"] = max(highs) if highs else None
-    return out
-
-
 def _r(x):
     return None if x is None else round(x, 4)
 
 
-def _sum_lists(lists) -> list:
-    out = []
-    for xs in lists:
-        for i, c in enumerate(xs):
-            while len(out) <= i:
-                out.append(0)
-            out[i] += c
-    return out
+class _Stats:
+    """Stats objects merged one at a time: a count-weighted mean, and each percentile the
+    count-weighted median of the windows' ones (their values and counts kept in arrays, 16
+    bytes a window, so that a long profile is never held whole)."""
+
+    __slots__ = ("n", "wsum", "wtot", "q", "max")
+    QUANTILES = ("p50", "p90", "p99")
+
+    def __init__(self):
+        self.n = 0
+        self.wsum = 0.0
+        self.wtot = 0
+        self.q = tuple((array("d"), array("d")) for _ in self.QUANTILES)
+        self.max = None
+
+    def add(self, s: dict) -> None:
+        n = s.get("n") or 0
+        self.n += n
+        if not n:
+            return
+        m = s["mean"]
+        if m is not None:
+            self.wsum += m * n
+            self.wtot += n
+        for (vs, ns), key in zip(self.q, self.QUANTILES):
+            v = s[key]
+            if v is not None:
+                vs.append(v)
+                ns.append(n)
+        mx = s.get("max")
+        if mx is not None and (self.max is None or mx > self.max):
+            self.max = mx
+
+    def result(self) -> dict:
+        out = {"n": self.n, "mean": _r(self.wsum / self.wtot) if self.wtot else None}
+        for (vs, ns), key in zip(self.q, self.QUANTILES):
+            out[key] = _r(_wmedian(zip(vs, ns)))
+        out["max"] = self.max
+        return out
 
 
-def merge_buckets(windows: list[dict]) -> dict:
-    keys = []
-    for w in windows:
-        for k in w["buckets"]:
-            if k not in keys:
-                keys.append(k)
-    merged = {}
-    for key in sorted(keys, key=lambda k: int(k.split("-")[0])):
-        bs = [w["buckets"][key] for w in windows if key in w["buckets"]]
-        cycles = sum(b["cycles"] for b in bs)
-        names = []
-        for b in bs:
-            for n in b["phases"]:
-                if n not in names:
-                    names.append(n)
-        phases = {n: {"gpu_ms": _merge_stats([b["phases"][n]["gpu_ms"] for b in bs if n in b["phases"]]),
-                      "host_ms": _merge_stats([b["phases"][n]["host_ms"] for b in bs if n in b["phases"]])}
-                  for n in names}
-        cyc = _merge_stats([b["cycle_gpu_ms"] for b in bs])
+def _sum_into(out: list, xs) -> None:
+    for i, c in enumerate(xs):
+        while len(out) <= i:
+            out.append(0)
+        out[i] += c
+
+
+class _Bucket:
+    """One batch-size bucket of a profile, its windows' buckets added one at a time."""
+
+    GRAPHS = ("draft", "verify", "draft_extend")
+
+    def __init__(self):
+        self.cycles = self.prefill_cycles = 0
+        self.phases: dict = {}  # name -> (gpu _Stats, host _Stats), in first-seen order
+        self.steps: list = []
+        self.cyc, self.timed, self.wall, self.gap, self.period = (_Stats() for _ in range(5))
+        self.ctx = None
+        self.hist: list = []
+        self.drafts: list = []
+        self.positions = 0
+        self.committed = self.skipped = self.cut_requests = self.cut_tokens = 0
+        self.busy = self.counted = self.accept_cycles = 0.0
+        self.stalled = {"cycles": 0, "gpu_ms": 0.0, "phases": {}}
+        self.replays = dict.fromkeys(self.GRAPHS, 0)
+        self.eager = dict.fromkeys(self.GRAPHS, 0)
+        self.padding: list = []  # (padding_mean, cycles) of each window
+
+    def add(self, b: dict) -> None:
+        self.cycles += b["cycles"]
+        self.prefill_cycles += b["prefill_cycles"]
+        for n, p in b["phases"].items():
+            st = self.phases.get(n)
+            if st is None:
+                st = self.phases[n] = (_Stats(), _Stats())
+            st[0].add(p["gpu_ms"])
+            st[1].add(p["host_ms"])
+        self.cyc.add(b["cycle_gpu_ms"])
         # the cycles the phases were timed in (all of them before --speculative-profile-phases-every)
-        timed = _merge_stats([b.get("phase_cycle_gpu_ms") or b["cycle_gpu_ms"] for b in bs])
+        self.timed.add(b.get("phase_cycle_gpu_ms") or b["cycle_gpu_ms"])
+        for i, s in enumerate(b["draft_steps_gpu_ms"]):
+            if len(self.steps) <= i:
+                self.steps.append(_Stats())
+            self.steps[i].add(s)
+        acc = b["accept"]
+        _sum_into(self.hist, acc["histogram"])
+        # correct drafts per request, uncut (schema 2); schema 1 had the accept lengths only
+        drafts = acc["drafts_histogram"] if "drafts_histogram" in acc else acc["histogram"][1:]
+        _sum_into(self.drafts, drafts)
+        self.positions = max(self.positions, len(acc["per_position"]))
+        self.committed += acc["committed_tokens"]
+        if b.get("tokens_per_s"):
+            self.busy += acc["committed_tokens"] / b["tokens_per_s"]
+            self.counted += acc["committed_tokens"]
+        if acc.get("tokens_per_cycle"):
+            self.accept_cycles += acc["committed_tokens"] / acc["tokens_per_cycle"]
+        self.skipped += acc.get("skipped_requests") or 0
+        self.cut_requests += acc.get("cut_requests") or 0
+        self.cut_tokens += acc.get("cut_tokens") or 0
+        self.wall.add(b["cycle_wall_ms"])
+        self.gap.add(b["between_cycles_gpu_ms"])
+        if b.get("cycle_period_gpu_ms"):
+            self.period.add(b["cycle_period_gpu_ms"])
+        if (b.get("context_tokens") or {}).get("n"):
+            if self.ctx is None:
+                self.ctx = _Stats()
+            self.ctx.add(b["context_tokens"])
+        st = b.get("stalled") or {}
+        stalled = self.stalled
+        stalled["cycles"] += st.get("cycles") or 0
+        stalled["gpu_ms"] += st.get("gpu_ms") or 0.0
+        for n, e in (st.get("phases") or {}).items():
+            m = stalled["phases"].setdefault(n, {"n": 0, "gpu_ms": 0.0, "host_ms": 0.0})
+            for f in m:
+                m[f] += e.get(f) or 0
+        for g in self.GRAPHS:
+            self.replays[g] += b["graph"]["replays"].get(g, 0)
+            self.eager[g] += b["graph"]["eager"].get(g, 0)
+        self.padding.append((b["graph"]["padding_mean"], b["cycles"]))
+
+    def result(self) -> dict:
+        phases = {n: {"gpu_ms": g.result(), "host_ms": h.result()} for n, (g, h) in self.phases.items()}
+        cyc, timed = self.cyc.result(), self.timed.result()
         for p in phases.values():
             p["share"] = _r(p["gpu_ms"]["mean"] / timed["mean"]) if timed["mean"] and p["gpu_ms"]["mean"] is not None else None
-        nsteps = max((len(b["draft_steps_gpu_ms"]) for b in bs), default=0)
-        steps = [_merge_stats([b["draft_steps_gpu_ms"][i] for b in bs if len(b["draft_steps_gpu_ms"]) > i])
-                 for i in range(nsteps)]
-        hist = _sum_lists(b["accept"]["histogram"] for b in bs)
-        # correct drafts per request, uncut (schema 2); schema 1 had the accept lengths only
-        drafts = _sum_lists(b["accept"]["drafts_histogram"] if "drafts_histogram" in b["accept"]
-                            else b["accept"]["histogram"][1:] for b in bs)
-        verified = sum(hist)
-        committed = sum(b["accept"]["committed_tokens"] for b in bs)
-        positions = max([len(drafts) - 1] + [len(b["accept"]["per_position"]) for b in bs])
-        busy = sum(b["accept"]["committed_tokens"] / b["tokens_per_s"] for b in bs if b.get("tokens_per_s"))
-        counted = sum(b["accept"]["committed_tokens"] for b in bs if b.get("tokens_per_s"))
-        wall = _merge_stats([b["cycle_wall_ms"] for b in bs])
-        gap = _merge_stats([b["between_cycles_gpu_ms"] for b in bs])
-        gpu_period = _merge_stats([b["cycle_period_gpu_ms"] for b in bs if b.get("cycle_period_gpu_ms")])
-        accept_cycles = sum(b["accept"]["committed_tokens"] / b["accept"]["tokens_per_cycle"]
-                            for b in bs if b["accept"].get("tokens_per_cycle"))
-        ctx = [b["context_tokens"] for b in bs if (b.get("context_tokens") or {}).get("n")]
-        stalled = {"cycles": 0, "gpu_ms": 0.0, "phases": {}}
-        for b in bs:
-            st = b.get("stalled") or {}
-            stalled["cycles"] += st.get("cycles") or 0
-            stalled["gpu_ms"] += st.get("gpu_ms") or 0.0
-            for n, e in (st.get("phases") or {}).items():
-                m = stalled["phases"].setdefault(n, {"n": 0, "gpu_ms": 0.0, "host_ms": 0.0})
-                for f in m:
-                    m[f] += e.get(f) or 0
-        stalled["gpu_ms"] = _r(stalled["gpu_ms"])
-        merged[key] = {
-            "cycles": cycles,
-            "prefill_cycles": sum(b["prefill_cycles"] for b in bs),
+        gap, period = self.gap.result(), self.period.result()
+        verified = sum(self.hist)
+        positions = max(len(self.drafts) - 1, self.positions)
+        stalled = dict(self.stalled, gpu_ms=_r(self.stalled["gpu_ms"]))
+        return {
+            "cycles": self.cycles,
+            "prefill_cycles": self.prefill_cycles,
             "phases": phases,
-            "draft_steps_gpu_ms": steps,
+            "draft_steps_gpu_ms": [s.result() for s in self.steps],
             "cycle_gpu_ms": cyc,
             "phase_cycle_gpu_ms": timed,
-            "context_tokens": _merge_stats(ctx) if ctx else None,
+            "context_tokens": self.ctx.result() if self.ctx is not None else None,
             "between_cycles_gpu_ms": gap,
-            "cycle_period_gpu_ms": gpu_period,
+            "cycle_period_gpu_ms": period,
             "stalled": stalled,
-            "cycle_wall_ms": wall,
-            "between_cycles_share": _r(gap["mean"] / gpu_period["mean"]) if gpu_period["mean"] and gap["mean"] is not None
+            "cycle_wall_ms": self.wall.result(),
+            "between_cycles_share": _r(gap["mean"] / period["mean"]) if period["mean"] and gap["mean"] is not None
             else None,
-            "graph": {
-                "replays": {g: sum(b["graph"]["replays"].get(g, 0) for b in bs) for g in ("draft", "verify", "draft_extend")},
-                "eager": {g: sum(b["graph"]["eager"].get(g, 0) for b in bs) for g in ("draft", "verify", "draft_extend")},
-                "padding_mean": _r(_wmean([(b["graph"]["padding_mean"], b["cycles"]) for b in bs])),
-            },
-            "accept": {"verified_requests": verified, "mean_length": _r(committed / verified) if verified else None,
-                       "skipped_requests": sum(b["accept"].get("skipped_requests") or 0 for b in bs),
-                       "histogram": hist, "drafts_histogram": drafts,
-                       "per_position": window.per_position([0] + drafts, positions),
-                       "committed_tokens": committed,
-                       "cut_requests": sum(b["accept"].get("cut_requests") or 0 for b in bs),
-                       "cut_tokens": sum(b["accept"].get("cut_tokens") or 0 for b in bs),
-                       "tokens_per_cycle": _r(committed / accept_cycles) if accept_cycles else None},
-            "tokens_per_s": _r(counted / busy) if busy else None,
+            "graph": {"replays": self.replays, "eager": self.eager, "padding_mean": _r(_wmean(self.padding))},
+            "accept": {"verified_requests": verified, "mean_length": _r(self.committed / verified) if verified else None,
+                       "skipped_requests": self.skipped,
+                       "histogram": self.hist, "drafts_histogram": self.drafts,
+                       "per_position": window.per_position([0] + self.drafts, positions),
+                       "committed_tokens": self.committed,
+                       "cut_requests": self.cut_requests,
+                       "cut_tokens": self.cut_tokens,
+                       "tokens_per_cycle": _r(self.committed / self.accept_cycles) if self.accept_cycles else None},
+            "tokens_per_s": _r(self.counted / self.busy) if self.busy else None,
         }
-    return merged
 
 
-def _kernel_blocks(windows: list[dict]) -> list:
-    """Each window's kernel sample, compared with the window it was taken in where the profile
-    holds it and the sample does not carry the comparison yet."""
-    by = {(w.get("rank", 0), w["window"]): w for w in windows}
-    out = []
-    for w in windows:
+KERNEL_SOURCES = 16  # windows whose phase means are kept, to compare a kernel sample with the window it was taken in
+
+
+class Merge:
+    """A profile's windows merged one at a time into one summary (`result()`): what the
+    report holds is the merge, not the windows, so a profile of any length reads in bounded
+    memory (a few arrays that grow by 16 bytes a window and stats object)."""
+
+    def __init__(self):
+        self.buckets: dict = {}
+        self.first = self.last = None
+        self.count = 0
+        self.decode_cycles = 0
+        self.busy = 0.0
+        self.committed = 0
+        self.points: list = []
+        self.lost = dict.fromkeys(("dropped_cycles", "steps_lost", "marks_lost", "uncut_cycles"), 0)
+        self.kernels: list = []
+        self.recent: dict = {}  # (rank, window) -> window, the last KERNEL_SOURCES
+
+    def add(self, w: dict) -> None:
+        if self.first is None:
+            self.first = {k: w.get(k) for k in ("window", "rank", "config")}
+        self.last = w["window"]
+        self.count += 1
+        for key, b in w["buckets"].items():
+            acc = self.buckets.get(key)
+            if acc is None:
+                int(key.split("-")[0])  # a key that is no batch size is refused here
+                acc = self.buckets[key] = _Bucket()
+            acc.add(b)
+            self.committed += b["accept"]["committed_tokens"]
+        self.decode_cycles += w["decode_cycles"]
+        self.busy += w["seconds"] or 0
+        self.points.extend(verify_points([w]))
+        for k in self.lost:
+            self.lost[k] = max(self.lost[k], w.get(k) or 0)
+        src = (w.get("rank", 0), w["window"])
+        self.recent[src] = {"buckets": {key: {"phases": {n: {"gpu_ms": {"mean": p["gpu_ms"]["mean"]}}
+                                                         for n, p in b["phases"].items()}}
+                                        for key, b in w["buckets"].items()}}  # what against_window reads
+        if len(self.recent) > KERNEL_SOURCES:
+            self.recent.pop(next(iter(self.recent)))
         k = w.get("kernels")
         if k and "error" not in k and "slowed" not in k:
-            src = by.get((w.get("rank", 0), k.get("window")))
-            if src is not None:
-                kernels.against_window(k, src)
-        out.append(k)
-    return out
+            # compared with the window it was taken in, where the profile holds it and the
+            # sample does not carry the comparison yet
+            taken = self.recent.get((w.get("rank", 0), k.get("window")))
+            if taken is not None:
+                kernels.against_window(k, taken)
+        self.kernels.append(k)
+
+    def result(self) -> dict:
+        first = self.first or {}
+        busy = self.busy
+        return {"window": f"{first.get('window')}-{self.last}" if self.count > 1 else self.last,
+                "rank": first.get("rank"), "config": first.get("config") or {},
+                "decode_cycles": self.decode_cycles, "seconds": _r(busy),
+                "tokens_per_s": _r(self.committed / busy) if busy else None,
+                "buckets": {k: self.buckets[k].result() for k in sorted(self.buckets, key=lambda k: int(k.split("-")[0]))},
+                "verify_points": self.points,
+                **self.lost,
+                "kernels": kernels.merge(self.kernels)}
 
 
-def summarize(windows: list[dict]) -> dict:
-    buckets = merge_buckets(windows)
-    busy = sum(w["seconds"] or 0 for w in windows)
-    committed = sum(b["accept"]["committed_tokens"] for w in windows for b in w["buckets"].values())
-    first = windows[0]
-    return {"window": f"{first['window']}-{windows[-1]['window']}" if len(windows) > 1 else first["window"],
-            "rank": first.get("rank"), "config": first.get("config", {}),
-            "decode_cycles": sum(w["decode_cycles"] for w in windows), "seconds": _r(busy),
-            "tokens_per_s": _r(committed / busy) if busy else None, "buckets": buckets,
-            "verify_points": verify_points(windows),
-            "dropped_cycles": max((w.get("dropped_cycles") or 0) for w in windows),
-            "steps_lost": max((w.get("steps_lost") or 0) for w in windows),
-            "marks_lost": max((w.get("marks_lost") or 0) for w in windows),
-            "uncut_cycles": max((w.get("uncut_cycles") or 0) for w in windows),
-            "kernels": kernels.merge(_kernel_blocks(windows))}
+def merge_buckets(windows) -> dict:
+    m = Merge()
+    for w in windows:
+        m.add(w)
+    return m.result()["buckets"]
+
+
+def summarize(windows) -> dict:
+    m = Merge()
+    for w in windows:
+        m.add(w)
+    return m.result()
 
 
 def verify_points(windows: list[dict]) -> list[list]:

@@ -103,25 +103,38 @@ def parse_line(text: str, where: str = "line") -> dict:
     return obj
 
 
+MAX_LINE = 64 << 20  # a window line is 8-100 KB; a longer one is no window (an endless or binary input)
+
+
+def iter_windows(path: str, skip_torn: bool = False, notes: list | None = None):
+    """The windows of a profile file one at a time, a line at a time: the file is never held
+    whole. A torn last line (no newline: the server stopped mid-write) is skipped with a note
+    appended to `notes` when `skip_torn`; any other bad line raises ProfileError."""
+    with open(path, encoding="utf-8", errors="replace") as f:
+        n = 0
+        while True:
+            text = f.readline(MAX_LINE + 1)
+            if not text:
+                return
+            n += 1
+            where = f"{path} line {n}"
+            if len(text) > MAX_LINE:
+                raise ProfileError(f"{where} is over {MAX_LINE / (1 << 20):g} MiB long: no profile window is; the "
+                                   f"file is not a profile.")
+            if not text.strip():
+                continue
+            try:
+                yield parse_line(text, where)
+            except ProfileError:
+                torn = not text.endswith("\n")  # the writer ends every window with a newline
+                if not (skip_torn and torn):
+                    raise
+                if notes is not None:
+                    notes.append(f"{where} is cut short (the server stopped mid-write); skipped.")
+
+
 def read(path: str, skip_torn: bool = False) -> tuple[list[dict], list[str]]:
     """All windows of a profile file, and one note per line skipped (torn last line only)."""
-    windows, notes = [], []
-    with open(path, encoding="utf-8", errors="replace") as f:
-        data = f.read()
-    lines = data.split("\n")
-    complete = data.endswith("\n")  # the writer ends every window with a newline
-    if complete:
-        lines.pop()
-    for n, text in enumerate(lines, 1):
-        if not text.strip():
-            continue
-        where = f"{path} line {n}"
-        try:
-            windows.append(parse_line(text, where))
-        except ProfileError as e:
-            torn = n == len(lines) and not complete
-            if skip_torn and torn:
-                notes.append(f"{where} is cut short (the server stopped mid-write); skipped.")
-                continue
-            raise e
+    notes: list[str] = []
+    windows = list(iter_windows(path, skip_torn, notes))
     return windows, notes

@@ -25,6 +25,19 @@ def _x(name, pid, tid, ts_ms, dur_ms, args=None):
     return ev
 
 
+FIELDS = ("window", "rank", "time", "wall_seconds", "host_start_s", "samples")  # what the trace reads of a window
+
+
+def fields(w: dict) -> dict:
+    """What `trace` reads of a window (its sampled cycles, its kernel sample's tracks): a
+    report that draws a long profile keeps this much of each window, not the whole."""
+    out = {k: w[k] for k in FIELDS if k in w}
+    k = w.get("kernels")
+    if isinstance(k, dict) and k.get("tracks"):
+        out["kernels"] = {f: k.get(f) for f in ("tracks", "names", "classes")}
+    return out
+
+
 def trace(windows: list[dict]) -> dict:
     """The trace of every sampled cycle in `windows` (one file may hold several ranks)."""
     events = []
