@@ -19,6 +19,12 @@ well the runs pin it down).
 
     python bench/overhead.py --rounds 8 --concurrency 1 8 --new-tokens 1024 --out bench/results
 
+`--same-process` measures on and off in one server instead: it runs with the profiler and
+SGLANG_SPECPROF_PAUSE_SIGNAL=SIGUSR2, and each round runs the load once with the profiler
+on and once paused (the hooks on the null profiler, as with the flag off), alternating which
+goes first, so that what differs between two server processes (which CPUs, which memory)
+falls out of the ratio.
+
 Needs an NVIDIA GPU, the built wheel importable, and (for `upstream`) a folder whose
 `sglang` is the unpatched release, first on PYTHONPATH for that server only.
 """
@@ -29,7 +35,9 @@ import datetime
 import json
 import os
 import random
+import re
 import shlex
+import signal
 import statistics
 import sys
 import time
@@ -37,7 +45,55 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpu_models import write_models  # noqa: E402
 from serving import (eagle3_args, http, interleaved_runs, load, machine, portable_command,  # noqa: E402
-                     quartiles, start_all, stop_all)
+                     quartiles, start_all, stop_all, tok_s)
+
+PAUSE_SIGNAL = "SIGUSR2"
+
+
+def scheduler_pids(log_path, timeout=30.0):
+    """The scheduler processes that follow the pause signal, from the line each logs."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        with open(log_path, errors="replace") as f:
+            pids = sorted({int(m) for m in re.findall(r"to pid (\d+) pauses it", f.read())})
+        if pids:
+            return pids
+        time.sleep(0.5)
+    raise SystemExit(f"no scheduler follows {PAUSE_SIGNAL} (see {log_path})")
+
+
+def paused_runs(port, pids, concurrency, new_tokens, rounds, budget=None):
+    """Tokens/s of one server with its profiler on and paused, alternating which runs first."""
+    state = {"on": True}
+
+    def profiling():
+        return bool(http(port, "/server_info")["internal_states"][0]["speculative_profile"]["enabled"])
+
+    def set_on(want):
+        if state["on"] != want:
+            for pid in pids:
+                os.kill(pid, getattr(signal, PAUSE_SIGNAL))
+            state["on"] = want
+        deadline = time.time() + 10
+        while profiling() != want:
+            if time.time() > deadline:
+                raise SystemExit(f"the profiler did not {'resume' if want else 'pause'} on {PAUSE_SIGNAL}")
+            time.sleep(0.05)
+
+    t0 = time.time()
+    load(port, concurrency, 64)
+    runs = {"on": [], "off": []}
+    for r in range(rounds):
+        elapsed = time.time() - t0
+        if budget and r >= 2 and elapsed * (r + 1) / r > budget:
+            print(f"c={concurrency}: stopping after {r} rounds (--max-seconds)", flush=True)
+            break
+        for n in (("on", "off") if r % 2 == 0 else ("off", "on")):
+            set_on(n == "on")
+            runs[n].append(tok_s(port, concurrency, new_tokens))
+        print(f"c={concurrency} round {r}: on {runs['on'][-1]:.1f}  off (paused) {runs['off'][-1]:.1f}", flush=True)
+    set_on(True)
+    return runs
 
 
 def summarize(name, ratios):
@@ -113,6 +169,8 @@ def main():
     ap.add_argument("--off-profile", action="store_true",
                     help="the `off` server runs --speculative-profile too: `on` / `off` is then the cost of --on-extra")
     ap.add_argument("--tag", default="", help="suffix of the result files' names")
+    ap.add_argument("--same-process", action="store_true",
+                    help="on and off in one server: its profiler paused and resumed by a signal between runs")
     a = ap.parse_args()
     t0 = time.time()
     os.makedirs(a.out, exist_ok=True)
@@ -124,7 +182,9 @@ def main():
     off = common + (["--speculative-profile", "--speculative-profile-output", os.path.join(a.logs, "off.jsonl")]
                     if a.off_profile else [])
     plan = {"off": (off, env), "on": (common + prof + shlex.split(a.on_extra), env)}
-    if a.upstream_path:
+    if a.same_process:
+        plan = {"on": (plan["on"][0], dict(env, SGLANG_SPECPROF_PAUSE_SIGNAL=PAUSE_SIGNAL))}
+    elif a.upstream_path:
         up_env = dict(env, PYTHONPATH=a.upstream_path + os.pathsep + env.get("PYTHONPATH", ""))
         plan["upstream"] = (common, up_env)
     if a.check:
@@ -137,7 +197,11 @@ def main():
         compared = [n for n in ("off", "on", "upstream") if n in servers]
         for ci, c in enumerate(a.concurrency):
             budget = (t0 + a.max_seconds - time.time()) / (len(a.concurrency) - ci) if a.max_seconds else None
-            runs = interleaved_runs({n: servers[n].port for n in compared}, c, a.new_tokens, a.rounds, budget)
+            if a.same_process:
+                pids = scheduler_pids(servers["on"].log_path)
+                runs = paused_runs(servers["on"].port, pids, c, a.new_tokens, a.rounds, budget)
+            else:
+                runs = interleaved_runs({n: servers[n].port for n in compared}, c, a.new_tokens, a.rounds, budget)
             ratios = [on / off for on, off in zip(runs["on"], runs["off"])]
             res = {"benchmark": "overhead", "sglang": a.sglang, "concurrency": c,
                    "tok_s_off": [round(x, 2) for x in runs["off"]], "tok_s_on": [round(x, 2) for x in runs["on"]]}
@@ -156,6 +220,8 @@ def main():
             print(json.dumps({k: v for k, v in res.items() if not k.startswith(("tok_s", "ratios"))}), flush=True)
             if a.on_extra or a.off_profile:
                 res["on_extra"], res["off_profile"] = a.on_extra, a.off_profile
+            if a.same_process:
+                res["same_process"] = True  # off: the same server with its profiler paused
             with open(os.path.join(a.out, f"overhead-{a.sglang}-c{c}{a.tag}.json"), "w") as f:
                 json.dump(res, f, indent=1)
                 f.write("\n")

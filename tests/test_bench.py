@@ -57,3 +57,27 @@ def test_overhead_pairs_runs_and_bounds_the_median(tmp_path):
     assert r["median_ratio_ci95"][0] <= r["median_ratio"] <= r["median_ratio_ci95"][1]
     assert r["command"].startswith("python bench/overhead.py ") and "OUT" in r["command"]
     assert 0.8 < r["median_ratio"] < 1.2  # the same stand-in both ways
+
+
+def test_same_process_runs_alternate_on_and_paused_and_confirm_each_switch(monkeypatch, tmp_path):
+    sys.path.insert(0, str(ROOT / "bench"))
+    import overhead
+
+    state = {"on": True, "kills": 0}
+
+    def kill(pid, sig):
+        assert pid == 4242 and sig == overhead.signal.SIGUSR2
+        state["on"] = not state["on"]
+        state["kills"] += 1
+
+    monkeypatch.setattr(overhead.os, "kill", kill)
+    monkeypatch.setattr(overhead, "http", lambda port, path: {
+        "internal_states": [{"speculative_profile": {"enabled": state["on"]}}]})
+    monkeypatch.setattr(overhead, "load", lambda *a: None)
+    monkeypatch.setattr(overhead, "tok_s", lambda *a: 100.0 if state["on"] else 101.0)
+    runs = overhead.paused_runs(1, [4242], 8, 64, rounds=5)
+    assert runs == {"on": [100.0] * 5, "off": [101.0] * 5}  # each run in the state it is named for
+    assert state["on"] and state["kills"] == 6  # on off | off on | on off | off on | on off, then on again
+    log = tmp_path / "server.log"
+    log.write_text("x\n[..] speculative profile: SIGUSR2 to pid 4242 pauses it, and the next resumes it\n")
+    assert overhead.scheduler_pids(str(log), timeout=1) == [4242]

@@ -1046,3 +1046,53 @@ def test_the_phase_sampling_option_is_checked():
         spa.validate(Args())
     Args.speculative_profile_phases_every = spa.PHASES_EVERY  # the default, unset: fine
     spa.validate(Args())
+
+
+def test_a_signal_pauses_the_profiler_and_the_next_resumes_it(monkeypatch):
+    """SGLANG_SPECPROF_PAUSE_SIGNAL: the hooks go to the null profiler while paused (nothing
+    counted), a cycle cut by the pause is dropped, and the counts after the resume are exact."""
+    import signal
+
+    b = FakeBackend()
+    p = Profiler(b, interval=1000, config={"num_steps": 3, "worker": "v2"}, clock=b.clock, log_table=False)
+    monkeypatch.setattr(hooks, "P", p)
+    monkeypatch.setitem(hooks._state, "paused", None)
+    monkeypatch.setenv(hooks.PAUSE_SIGNAL_ENV, "USR2")
+    old = signal.getsignal(signal.SIGUSR2)
+    try:
+        hooks._follow_pause_signal()
+        reqs = [Req(10**6) for _ in range(2)]
+
+        def cycle(pause_inside=False):
+            h = hooks.P
+            h.begin("decode", 2)
+            b.advance(1.0)
+            h.mark("verify")
+            if pause_inside:
+                os.kill(os.getpid(), signal.SIGUSR2)
+            h = hooks.P
+            h.end()
+            h.harvest([1, 2])
+            hooks.P.commit_begin(reqs)
+            for r, c in zip(reqs, [1, 2]):
+                r.take(c + 1)
+            hooks.P.commit_end()
+
+        for _ in range(3):
+            cycle()
+        assert p.totals_now()["committed_tokens"] == 3 * 5
+        cycle(pause_inside=True)  # paused between two of its hooks
+        assert hooks.P is not p and not hooks.P.enabled
+        for _ in range(4):
+            cycle()
+        assert p.totals_now()["committed_tokens"] == 3 * 5  # nothing while paused
+        os.kill(os.getpid(), signal.SIGUSR2)
+        assert hooks.P is p
+        for _ in range(5):
+            cycle()
+        assert p.flush()
+        t = p.totals_now()
+        assert t["committed_tokens"] == 8 * 5 and p.uncut_cycles == 0
+        assert t["decode_cycles"] == 3 + 5  # the cycle cut by the pause: dropped
+    finally:
+        signal.signal(signal.SIGUSR2, old)

@@ -192,6 +192,8 @@ class Folder:
                     self.window.add_accept(it[1], it[2], it[3])
                 elif kind == "lost":
                     r.lost(it[1])
+                elif kind == "resync":
+                    r.resync()
                 elif kind == "kernels":
                     r.kernel_sample(it[1])
                 elif kind == "close":

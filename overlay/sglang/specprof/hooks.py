@@ -8,13 +8,19 @@ worker's constructor, before the draft CUDA graphs are captured.
 from __future__ import annotations
 
 import logging
+import os
+import signal
 
 from .profiler import NullProfiler
 
 logger = logging.getLogger("sglang.specprof")
 
 P = NullProfiler()
-_state = {"warned": False}
+_state = {"warned": False, "paused": None}
+# With this set (SIGUSR2, say), that signal to a scheduler process pauses its profiler (the
+# hooks go to the null profiler, as with the flag off) and the next one resumes it: the
+# flag's cost measured on and off in one process (bench/overhead.py --same-process).
+PAUSE_SIGNAL_ENV = "SGLANG_SPECPROF_PAUSE_SIGNAL"
 
 
 def disable(reason: str) -> None:
@@ -27,6 +33,32 @@ def disable(reason: str) -> None:
     close = getattr(old, "close", None)
     if close is not None:
         close()
+
+
+def _pause_toggle(signum=None, frame=None) -> None:
+    """Pause the running profiler, or resume the paused one (between two bytecodes of the
+    scheduler's thread: a cycle cut in two is dropped on resume)."""
+    global P
+    paused = _state["paused"]
+    if paused is None:
+        if P.enabled:
+            _state["paused"], P = P, NullProfiler()
+    else:
+        _state["paused"] = None
+        paused.resume()
+        P = paused
+
+
+def _follow_pause_signal() -> None:
+    name = os.environ.get(PAUSE_SIGNAL_ENV)
+    if not name:
+        return
+    try:
+        signum = getattr(signal, name if name.startswith("SIG") else "SIG" + name)
+        signal.signal(signum, _pause_toggle)
+        logger.info("speculative profile: %s to pid %d pauses it, and the next resumes it", signum.name, os.getpid())
+    except (AttributeError, ValueError, OSError) as e:  # unknown name, not the main thread
+        logger.warning("speculative profile: %s=%s not followed (%s)", PAUSE_SIGNAL_ENV, name, e)
 
 
 def _resolved(server_args):
@@ -96,6 +128,7 @@ def install(server_args, tp_rank: int = 0, worker: str = "v2") -> None:
                      config=config, rank=tp_rank, log_table=(tp_rank == 0), exchange=exchange, threaded=True, on_error=disable,
                      phases_every=config["phases_every"])
         P.follow_gc()
+        _follow_pause_signal()
         every = getattr(server_args, "speculative_profile_kernels", 0) or 0
         kernels = ""
         if every:

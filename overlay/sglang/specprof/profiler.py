@@ -257,6 +257,22 @@ class Profiler(NullProfiler):
         except Exception:
             pass
 
+    def resume(self):
+        """After a pause (hooks.PAUSE_SIGNAL_ENV): what was open when it began is dropped, the
+        cycle in flight and the acceptance waiting for its commit, so nothing is half counted."""
+        if self.cur is not None:
+            self._recycle(self.cur)
+            self.cur = None
+        self.unsettled.clear()
+        self.open_commit = None
+        self.items.append(("resync",))  # the reader lines cycles and acceptance up again
+
+    def resync(self):
+        """Reader: cycles read before a pause may have lost their acceptance lists; the next
+        list settles the next cycle read."""
+        self.decode_settled = self.decode_read
+        self.drain_pending.clear()
+
     def close(self):
         """Stop following the garbage collector (the profiler is being replaced)."""
         if self._gc_cb is not None:
