@@ -320,8 +320,8 @@ def test_a_016_gpu_profile_splits_the_draft_graph():
     assert steps <= b["phases"]["draft"]["gpu_ms"]["mean"] <= steps * 1.15
 
 
-def _long_profile(path, windows):
-    lines = [json.loads(x) for x in open(V2) if x.strip()]
+def _long_profile(path, windows, source=None):
+    lines = [json.loads(x) for x in open(source or V2) if x.strip()]
     with open(path, "w") as f:
         for n in range(windows):
             f.write(json.dumps(dict(lines[n % len(lines)], window=n)) + "\n")
@@ -395,3 +395,17 @@ def test_an_endless_line_or_a_slow_server_is_one_sentence(tmp_path, monkeypatch)
         stop.set()
         srv.close()
     assert time.monotonic() - t0 < 5
+
+
+def test_the_trace_of_a_long_profile_draws_its_last_windows(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(cli, "TRACE_WINDOWS", 50)
+    prof = tmp_path / "long.jsonl"
+    _long_profile(prof, 120, DATA / "profile-0.5.16-eagle3-v2-topk1.jsonl")  # its windows keep sampled cycles
+    windows, _ = report.load(str(prof))
+    want = sum(len(w.get("samples") or []) for w in windows[-50:])
+    assert want and want < sum(len(w.get("samples") or []) for w in windows)
+    out = tmp_path / "trace.json"
+    code, _, err = run_cli("report", str(prof), "--trace", str(out), capsys=capsys)
+    assert code == 0 and f"trace of {want} cycles" in err and "the last 50 of 120 windows" in err
+    tr = json.loads(out.read_text())
+    assert tr["otherData"]["cycles"] == want

@@ -11,11 +11,13 @@ import argparse
 import json
 import os
 import sys
+from collections import deque
 
 from . import compare as compare_mod, report
 from .schema import ProfileError
 from .trace import fields as trace_fields, trace
 
+TRACE_WINDOWS = 500  # --trace draws the sampled cycles of the last 500 windows read at most (--last picks others)
 PLOT_FORMATS = ("png", "pdf", "svg", "jpg", "jpeg", "eps", "ps", "tif", "tiff", "webp", "svgz")
 
 
@@ -52,7 +54,7 @@ def main(argv=None) -> int:
                 raise report.SourceError("--last must be 1 or more")
             # the windows are merged as they are read: only the merge (and, for --trace, each
             # window's sampled cycles) is held, whatever the profile's length
-            merge, traced, notes = report.Merge(), [], []
+            merge, traced, notes = report.Merge(), deque(maxlen=TRACE_WINDOWS), []
             for w in report.stream(args.source, args.last, notes):
                 merge.add(w)
                 if args.trace:
@@ -66,12 +68,14 @@ def main(argv=None) -> int:
             else:
                 print(report.render(summary, advice))
             if args.trace:
-                tr = trace(traced)
+                tr = trace(list(traced))
                 if not tr["otherData"]["cycles"]:
                     raise report.SourceError(f"{args.source} holds no sampled cycles to trace "
                                              f"(it was written by a build that did not keep them)")
                 _write(args.trace, json.dumps(tr))
-                print(f"sglang-specprof: trace of {tr['otherData']['cycles']} cycles in {args.trace} "
+                of = (f", the sampled cycles of the last {TRACE_WINDOWS} of {merge.count} windows (--last N "
+                      f"for others)" if merge.count > TRACE_WINDOWS else "")
+                print(f"sglang-specprof: trace of {tr['otherData']['cycles']} cycles in {args.trace}{of} "
                       f"(open it in ui.perfetto.dev or chrome://tracing)", file=sys.stderr)
             if args.plot:
                 from .plot import plot
