@@ -159,6 +159,14 @@ def available(patches: Path | None = None) -> list[str]:
     return sorted(found, key=Version)
 
 
+def nearest(version: str, have: list[str]) -> tuple[str | None, str | None]:
+    """The releases with a series just below and just above `version` (None where there is none)."""
+    v = Version(version)
+    below = [h for h in have if Version(h) < v]
+    above = [h for h in have if Version(h) > v]
+    return (max(below, key=Version) if below else None), (min(above, key=Version) if above else None)
+
+
 def default_release(patches: Path | None = None) -> str:
     path = (patches or PATCHES) / "default"
     try:
@@ -174,9 +182,14 @@ def load(version: str, patches: Path | None = None) -> Release:
         have = ", ".join(available(patches)) or "none"
         if not re.fullmatch(r"\d+(\.\d+)*(\.post\d+)?", version):
             raise BuildError(f"{version!r} is not an SGLang release number (like 0.5.16); {patches} has {have}.")
+        older, newer = nearest(version, available(patches))
+        near = " and ".join(f"{v} ({side})" for v, side in ((older, "older"), (newer, "newer")) if v)
+        start = older or newer
         raise BuildError(
-            f"No patch series for sglang {version}; {patches} has {have}. "
+            f"No patch series for sglang {version}; {patches} has {have}"
+            + (f", the nearest {near}" if near else "") + ". "
             f"To carry the series to {version}, run: python build.py rebase --onto {version}"
+            + (f" --from {start}" if start else "")
         )
     problems = lint(directory)
     if problems:

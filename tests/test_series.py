@@ -89,3 +89,16 @@ def test_unknown_release_names_supported_ones_and_the_fix():
         release.load("0.0.1")
     msg = str(e.value)
     assert "0.5.12" in msg and "rebase --onto 0.0.1" in msg
+    assert "the nearest 0.5.8 (newer)" in msg and msg.endswith("--from 0.5.8")
+
+
+@pytest.mark.parametrize("version, near, start", [
+    ("0.5.12.post1", "the nearest 0.5.12 (older) and 0.5.16 (newer)", "0.5.12"),
+    ("0.5.20", "the nearest 0.5.16 (older) and 0.5.23 (newer)", "0.5.16"),
+    ("0.6.0", "the nearest 0.5.23 (older)", "0.5.23"),
+])
+def test_an_unsupported_release_names_the_nearest_and_rebases_from_the_older(version, near, start):
+    with pytest.raises(BuildError) as e:
+        release.load(version)
+    msg = str(e.value)
+    assert near in msg and msg.endswith(f"run: python build.py rebase --onto {version} --from {start}")
