@@ -35,7 +35,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpu_models import write_models  # noqa: E402
-from serving import (eagle3_args, interleaved_runs, machine, portable_command, quartiles,  # noqa: E402
+from serving import (eagle3_args, installed_sglang, interleaved_runs, machine, portable_command, quartiles,  # noqa: E402
                      start_all, stop_all)
 
 TOLERANCE = 0.10
@@ -135,7 +135,8 @@ def main():
                          "sharing what is left among the concurrencies (the rounds done are reported)")
     ap.add_argument("--out", default="bench/results")
     ap.add_argument("--logs", default="bench-logs")
-    ap.add_argument("--sglang", default="0.5.12")
+    ap.add_argument("--sglang", default=installed_sglang(), help="the release the results are named by "
+                    "(default: the sglang installed)")
     ap.add_argument("--cpus", metavar="A-B", help="pin the servers to these CPUs, each to its own share")
     ap.add_argument("--rejudge", nargs=2, metavar=("RESULT", "PROFILE"),
                     help="no servers: judge the runs of an earlier RESULT anew against PROFILE "

@@ -44,7 +44,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpu_models import write_models  # noqa: E402
-from serving import (eagle3_args, http, interleaved_runs, load, machine, portable_command,  # noqa: E402
+from serving import (eagle3_args, installed_sglang, http, interleaved_runs, load, machine, portable_command,  # noqa: E402
                      quartiles, start_all, stop_all, tok_s)
 
 PAUSE_SIGNAL = "SIGUSR2"
@@ -162,7 +162,8 @@ def main():
     ap.add_argument("--max-seconds", type=float, default=None,
                     help="from the start, startup included: stop starting rounds after this long, "
                          "sharing what is left among the concurrencies (the rounds done are reported)")
-    ap.add_argument("--sglang", default="0.5.12")
+    ap.add_argument("--sglang", default=installed_sglang(), help="the release the results are named by "
+                    "(default: the sglang installed)")
     ap.add_argument("--cpus", metavar="A-B", help="pin the servers to these CPUs, each to its own share")
     ap.add_argument("--on-extra", default="", metavar="FLAGS",
                     help="more flags for the `on` server, e.g. '--speculative-profile-kernels 1'")

@@ -166,6 +166,16 @@ def stop_all(servers):
         s.stop()
 
 
+def installed_sglang() -> str:
+    """The sglang release importable here (its version without a +specprof suffix), or "unknown"."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("sglang").split("+", 1)[0]
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
 def machine():
     try:
         gpu = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader",

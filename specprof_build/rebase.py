@@ -22,7 +22,7 @@ from . import export, fetch, hookmap, release
 from .errors import BuildError
 
 WORK = release.ROOT / ".rebase"
-PYPI_JSON = "https://pypi.org/simple/sglang/"
+PYPI_SIMPLE = "https://pypi.org/simple/sglang/"  # the simple API, asked for its JSON form
 
 
 def _git(args, cwd, check=True, env_extra=None):
@@ -36,7 +36,7 @@ def _git(args, cwd, check=True, env_extra=None):
 
 def published_pin(version: str, timeout: float = 30) -> release.Pin:
     """The pin of a release as PyPI lists it: every file name and its sha256."""
-    req = urllib.request.Request(PYPI_JSON, headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+    req = urllib.request.Request(PYPI_SIMPLE, headers={"Accept": "application/vnd.pypi.simple.v1+json"})
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
             data = json.load(r)

@@ -25,7 +25,7 @@ def run(script, tmp_path, *args):
 
 
 def test_advisor_check_judges_the_pick_and_each_prediction(tmp_path):
-    out = run("advisor_check.py", tmp_path, "--acc", "2.5", "--steps", "1", "2", "3", "--profile-steps", "3",
+    out = run("advisor_check.py", tmp_path, "--sglang", "0.5.12", "--acc", "2.5", "--steps", "1", "2", "3", "--profile-steps", "3",
               "--concurrency", "1", "4", "--rounds", "3", "--new-tokens", "160")
     result = json.loads((tmp_path / "advisor-0.5.12-acc2.5.json").read_text())
     assert result["profiled_steps"] == 3 and result["simulated_accept_length"] == 2.5
@@ -51,7 +51,7 @@ def test_advisor_check_judges_the_pick_and_each_prediction(tmp_path):
 
 
 def test_overhead_pairs_runs_and_bounds_the_median(tmp_path):
-    run("overhead.py", tmp_path, "--rounds", "3", "--concurrency", "2", "--new-tokens", "96")
+    run("overhead.py", tmp_path, "--sglang", "0.5.12", "--rounds", "3", "--concurrency", "2", "--new-tokens", "96")
     r = json.loads((tmp_path / "overhead-0.5.12-c2.json").read_text())
     assert len(r["tok_s_off"]) == len(r["tok_s_on"]) == len(r["ratios"]) == r["rounds"] == 3
     assert r["median_ratio_ci95"][0] <= r["median_ratio"] <= r["median_ratio_ci95"][1]
@@ -81,3 +81,19 @@ def test_same_process_runs_alternate_on_and_paused_and_confirm_each_switch(monke
     log = tmp_path / "server.log"
     log.write_text("x\n[..] speculative profile: SIGUSR2 to pid 4242 pauses it, and the next resumes it\n")
     assert overhead.scheduler_pids(str(log), timeout=1) == [4242]
+
+
+def test_the_results_are_named_by_the_installed_release(monkeypatch):
+    sys.path.insert(0, str(ROOT / "bench"))
+    from importlib import metadata
+
+    import serving
+
+    monkeypatch.setattr(metadata, "version", lambda name: "0.5.16+specprof.2")
+    assert serving.installed_sglang() == "0.5.16"
+
+    def missing(name):
+        raise metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(metadata, "version", missing)
+    assert serving.installed_sglang() == "unknown"
