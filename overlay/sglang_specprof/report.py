@@ -9,6 +9,7 @@ from array import array
 from collections import deque
 
 from . import advisor, kernels, schema, window
+from .window import rounded as _r
 from .table import format_summary
 
 
@@ -138,10 +139,6 @@ def _wmedian(pairs):
         if acc >= tot / 2:
             return v
     return None
-
-
-def _r(x):
-    return None if x is None else round(x, 4)
 
 
 class _Stats:

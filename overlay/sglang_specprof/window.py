@@ -107,8 +107,12 @@ class Series:
                 "p99": _r(percentile(s, 0.99)), "max": _r(self.max), "n": self.n}
 
 
-def _r(x: float) -> float | None:
-    return None if x != x else round(x, 4)
+def rounded(x: float | None) -> float | None:
+    """4 decimals; None for None and NaN (an empty series): what every summary writes."""
+    return None if x is None or x != x else round(x, 4)
+
+
+_r = rounded
 
 
 def per_position(hist: list[int], positions: int) -> list[float | None]:

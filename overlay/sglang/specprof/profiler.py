@@ -141,9 +141,6 @@ class NullProfiler:
     def commit_end(self):
         pass
 
-    def capture_time(self, which, bs, seconds):
-        pass
-
     def latest(self):
         return None
 
