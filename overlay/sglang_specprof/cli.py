@@ -14,6 +14,7 @@ import sys
 from collections import deque
 
 from . import compare as compare_mod, report
+from .plot import plot
 from .schema import ProfileError
 from .trace import fields as trace_fields, trace
 
@@ -78,8 +79,6 @@ def main(argv=None) -> int:
                 print(f"sglang-specprof: trace of {tr['otherData']['cycles']} cycles in {args.trace}{of} "
                       f"(open it in ui.perfetto.dev or chrome://tracing)", file=sys.stderr)
             if args.plot:
-                from .plot import plot
-
                 ext = os.path.splitext(args.plot)[1].lower().lstrip(".")
                 if not ext:
                     args.plot += ".png"  # what matplotlib writes for a name without one: say so

@@ -29,6 +29,8 @@ from __future__ import annotations
 import functools
 import re
 
+from .window import bucket_of
+
 PREFIX = "specprof/"
 CLASSES = ("gemm", "attention", "communication", "sampling", "copy", "other")
 FORWARD_PHASES = ("draft", "verify", "draft_extend")
@@ -287,8 +289,6 @@ def against_window(block: dict, window: dict) -> None:
     `window_ms` (the window's mean GPU ms of the phase, over the buckets of the sampled batch
     sizes, weighted by the sample's cycles) and `slowed` (`event_ms` per cycle / `window_ms`)
     to each phase, and `slowed` for the whole cycle."""
-    from .window import bucket_of
-
     buckets = window.get("buckets") or {}
     keys = [bucket_of(bs) for bs in block.get("bs") or [] if bs is not None]
     if not keys:

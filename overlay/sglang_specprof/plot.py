@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from .kernels import CLASSES
+
 
 def plot(summary: dict, path: str) -> dict:
     """Write the figure to `path`; returns the numbers it drew (for checking)."""
@@ -82,8 +84,6 @@ def plot(summary: dict, path: str) -> dict:
 
 def _kernel_bars(ax, kern: dict, cmap) -> dict:
     """Per phase, per sampled cycle: kernel time by class, then the idle time in its span."""
-    from .kernels import CLASSES
-
     phases = list(kern["phases"])
     drawn = {}
     bottoms = [0.0] * len(phases)

@@ -11,6 +11,7 @@ from collections import deque
 from . import advisor, kernels, schema, window
 from .window import rounded as _r
 from .table import format_summary
+from .trace import trace
 
 
 class SourceError(ValueError):
@@ -30,8 +31,6 @@ def readable(windows, source: str, start: int = 0):
     """Each window through the report on its own first, as it is read: one whose fields hold
     values of the wrong type is named in one sentence, not a traceback halfway through the
     report. A generator: the windows go on one at a time."""
-    from .trace import trace
-
     for i, w in enumerate(windows, start):
         try:
             s = summarize([w])

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from .advisor import inputs_from_bucket, predict
+from .kernels import format_block
+
 
 def _f(x, nd=3):
     return "-" if x is None else f"{x:.{nd}f}"
@@ -91,8 +94,6 @@ def format_summary(s: dict, pause=None) -> str:
         if k.get("error"):
             lines.append(f"  kernels: the sample of window {k.get('window')} could not be read ({k['error']})")
         else:
-            from .kernels import format_block
-
             lines.extend("  " + line for line in format_block(k))
     return "\n".join(lines)
 
@@ -105,8 +106,6 @@ def _above_p99(st: dict) -> bool:
 def _advice_line(bucket: dict, cfg: dict) -> str | None:
     """One line of the step-count advisor for the live log; never raises."""
     try:
-        from .advisor import inputs_from_bucket, predict
-
         steps = cfg.get("num_steps")
         inp = inputs_from_bucket(bucket, steps) if steps else None
         if inp is None:

@@ -11,7 +11,10 @@ import logging
 import os
 import signal
 
-from .profiler import NullProfiler
+from sglang_specprof.ranks import RankExchange, exchange_folder
+
+from .jsonl import JsonlSink, rank_path
+from .profiler import NullProfiler, Profiler
 
 logger = logging.getLogger("sglang.specprof")
 
@@ -82,9 +85,6 @@ def install(server_args, tp_rank: int = 0, worker: str = "v2") -> None:
     try:
         server_args = _resolved(server_args)
         from .cuda_backend import CudaBackend
-        from .jsonl import JsonlSink, rank_path
-        from .profiler import Profiler
-
         config = {
             "algorithm": server_args.speculative_algorithm,
             "num_steps": server_args.speculative_num_steps,
@@ -116,8 +116,6 @@ def install(server_args, tp_rank: int = 0, worker: str = "v2") -> None:
                 logger.warning("speculative profile: no Prometheus gauges (%s: %s).", type(e).__name__, e)
         exchange = None
         if config["tp_size"] > 1:
-            from sglang_specprof.ranks import RankExchange, exchange_folder
-
             try:
                 exchange = RankExchange(exchange_folder(getattr(server_args, "port", 0)), tp_rank, config["tp_size"])
             except OSError as e:

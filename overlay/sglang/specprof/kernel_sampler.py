@@ -20,6 +20,8 @@ from __future__ import annotations
 import logging
 import time
 
+from sglang_specprof.kernels import analyse, from_kineto
+
 logger = logging.getLogger("sglang.specprof")
 
 CYCLES = 4  # decode cycles per sample, after one of context: the stop costs about 12 ms a cycle recorded
@@ -186,8 +188,6 @@ class KernelSampler:
 
 def analyse_sample(smp: dict, pause=None) -> dict:
     """On the outputs thread: the recorded sample as the window's `kernels` block."""
-    from sglang_specprof.kernels import analyse, from_kineto
-
     t0 = time.perf_counter()
     prof = smp.pop("prof", None)
     events = prof.profiler.kineto_results.events()

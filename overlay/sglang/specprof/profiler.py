@@ -22,7 +22,9 @@ import threading
 import time
 from collections import deque
 
+from sglang_specprof.kernels import against_window
 from sglang_specprof.schema import SCHEMA
+from sglang_specprof.table import format_summary
 from sglang_specprof.window import Cycle
 
 from .folder import Folder
@@ -95,8 +97,6 @@ class LogTableSink:
         self.profiler = profiler
 
     def __call__(self, summary):
-        from sglang_specprof.table import format_summary
-
         logger.info("speculative profile\n%s", format_summary(summary, self.profiler.folder.pause))
 
 
@@ -759,8 +759,6 @@ class Profiler(NullProfiler):
         k = summary.get("kernels")
         if k and "error" not in k and k.get("window") in self._recent:
             try:
-                from sglang_specprof.kernels import against_window
-
                 against_window(k, self._recent[k["window"]])
             except Exception:
                 pass
