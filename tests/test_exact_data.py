@@ -160,3 +160,38 @@ def test_phases_one_cycle_in_four_with_every_cycle_timed(tmp_path):
         samples = [w["kernels"] for w in windows if w.get("kernels")]
         assert samples and all(k["phases"]["verify"]["events_agree"] for k in samples), name
         assert all(k["coverage"] >= 0.99 for k in samples), name
+
+
+def _client_rate():
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent / "gpu"))
+    from client_rate import client_decode_seconds
+
+    return client_decode_seconds
+
+
+def test_the_clients_decode_time_takes_each_prefill_out_once():
+    """The clients' side of the rate, judged again from the recorded chunk times: two arrivals
+    close together (15 requests 1.8 ms apart, after one that started 500 ms before) fall in
+    one interval of the running requests; it is taken out once, not once per arrival (which
+    left no decode time at all)."""
+    client = _client_rate()
+    ld = next(x for x in _check(DATA / "0.5.16-e")["servers"]["s3k1"]["loads"] if x["load"] == "c16-256")
+    assert ld["client_decode_s"] == 0.0  # as recorded, by the estimator before
+    again = client([[t / 1000.0 for t in c] for c in ld["chunks_ms"]])
+    assert 0.3 < again < ld["client_span_s"] - 0.45  # the 500 ms wait for the arrivals' prefill is out, once
+
+
+def test_decode_rate_matches_the_clients_for_rounds_too_once_warm():
+    """0.5.16, with each load sent once first and the clients' decode time recomputed: 1
+    request, 16 together, 24 above the captured sizes and 16 x 24-token rounds agree with the
+    profiler's decode time within 2% on both servers (staggered arrivals do not: 12-28%)."""
+    client = _client_rate()
+    check = _check(DATA.parent / "kernels" / "0.5.16-exact")
+    assert "--warm-each" in check["argv"]
+    for server, e in check["servers"].items():
+        for ld in e["loads"]:
+            if ld["load"] in ("c16-256", "c24-eager", "c16x24x4", "c8-abort"):
+                mine = client([[t / 1000.0 for t in c] for c in ld["chunks_ms"]])
+                assert mine / ld["profile_decode_gpu_s"] == pytest.approx(1.0, abs=0.02), (server, ld["load"])

@@ -27,6 +27,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "bench"))
 from gpu_models import write_models  # noqa: E402
 from serving import eagle3_args, http, start_all, stop_all  # noqa: E402
+from client_rate import client_decode_seconds  # noqa: E402
 from sglang_specprof.kernels import union_length  # noqa: E402  (the installed sglang-specprof)
 
 # name: (steps, topk, draft tokens, extra flags)
@@ -118,32 +119,6 @@ def totals(port):
     return states[0].get("speculative_profile") or {}
 
 
-def client_decode_seconds(done, merge_s=0.0015):
-    """Decode time as the clients saw it: the union of the requests' decode spans (first
-    token to last), less what each prefill that ran while other requests were decoding put
-    into their streams. A running request's interval across an arrival's first token holds
-    the prefill and a cycle at the new batch size; the interval after it, that cycle
-    alone: the difference is the prefill's (median over the running requests)."""
-    runs = [r["chunks"] for r in done if len(r["chunks"]) >= 2]
-    span = union_length([(c[0], c[-1]) for c in runs])
-    batches = []  # first tokens that came together came from one prefill
-    for f in sorted(c[0] for c in runs):
-        if not batches or f - batches[-1] > merge_s:
-            batches.append(f)
-    stall = 0.0
-    for f in batches:
-        excess = []
-        for c in runs:
-            if not c[0] < f - merge_s:
-                continue
-            j = next((i for i, t in enumerate(c) if t >= f - merge_s), None)
-            if j is not None and 0 < j < len(c) - 1:
-                excess.append((c[j] - c[j - 1]) - (c[j + 1] - c[j]))
-        if excess:
-            stall += max(0.0, sorted(excess)[len(excess) // 2])
-    return max(0.0, span - stall)
-
-
 def judge(name, recs, before, after, windows):
     errors = [r["error"] for r in recs if r.get("error")]
     t0 = min((r["sent"] for r in recs), default=0.0)
@@ -153,7 +128,7 @@ def judge(name, recs, before, after, windows):
     committed = ta.get("committed_tokens", 0) - tb.get("committed_tokens", 0)
     intervals = [(r["chunks"][0], r["chunks"][-1]) for r in done if len(r["chunks"]) >= 2]
     span = union_length(intervals)
-    decode_s = client_decode_seconds(done)
+    decode_s = client_decode_seconds([r["chunks"] for r in done])
     client_rate = client / decode_s if decode_s > 0 else None
     gpu_ms = ta.get("decode_gpu_ms", 0) - tb.get("decode_gpu_ms", 0)
     prof_rate = committed / (gpu_ms / 1000.0) if gpu_ms > 0 else None
