@@ -44,8 +44,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpu_models import write_models  # noqa: E402
-from serving import (eagle3_args, installed_sglang, http, interleaved_runs, load, machine, portable_command,  # noqa: E402
-                     quartiles, start_all, stop_all, tok_s)
+from serving import (eagle3_args, installed_sglang, http, interleaved_runs, load, machine, out_of_time,  # noqa: E402
+                     portable_command, quartiles, start_all, stop_all, tok_s)
 
 PAUSE_SIGNAL = "SIGUSR2"
 
@@ -84,9 +84,7 @@ def paused_runs(port, pids, concurrency, new_tokens, rounds, budget=None):
     load(port, concurrency, 64)
     runs = {"on": [], "off": []}
     for r in range(rounds):
-        elapsed = time.time() - t0
-        if budget and r >= 2 and elapsed * (r + 1) / r > budget:
-            print(f"c={concurrency}: stopping after {r} rounds (--max-seconds)", flush=True)
+        if out_of_time(t0, r, budget, concurrency):
             break
         for n in (("on", "off") if r % 2 == 0 else ("off", "on")):
             set_on(n == "on")

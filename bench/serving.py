@@ -202,6 +202,15 @@ def rotations(names, rounds):
         yield r, names[k:] + names[:k]
 
 
+def out_of_time(t0, r, budget, concurrency) -> bool:
+    """With `budget` (seconds from t0), whether round `r` would end past it; two rounds at least."""
+    elapsed = time.time() - t0
+    if budget and r >= 2 and elapsed * (r + 1) / r > budget:
+        print(f"c={concurrency}: stopping after {r} rounds (--max-seconds)", flush=True)
+        return True
+    return False
+
+
 def interleaved_runs(ports, concurrency, new_tokens, rounds, budget=None):
     """Tokens/s of each server ({label: port}) over `rounds` rotating rounds of the same load.
 
@@ -212,9 +221,7 @@ def interleaved_runs(ports, concurrency, new_tokens, rounds, budget=None):
         load(port, concurrency, 64)
     runs = {n: [] for n in ports}
     for r, order in rotations(ports, rounds):
-        elapsed = time.time() - t0
-        if budget and r >= 2 and elapsed * (r + 1) / r > budget:
-            print(f"c={concurrency}: stopping after {r} rounds (--max-seconds)", flush=True)
+        if out_of_time(t0, r, budget, concurrency):
             break
         for n in order:
             runs[n].append(tok_s(ports[n], concurrency, new_tokens))

@@ -8,7 +8,7 @@ import urllib.request
 from array import array
 from collections import deque
 
-from . import advisor, kernels, schema, window
+from . import advisor, compare, kernels, schema, window
 from .window import rounded as _r
 from .table import format_summary
 from .trace import trace
@@ -27,11 +27,11 @@ URL_SECONDS = 30  # a live server's whole answer, not each read
 MAX_ANSWER = 64 << 20
 
 
-def readable(windows, source: str, start: int = 0):
+def readable(windows, source: str):
     """Each window through the report on its own first, as it is read: one whose fields hold
     values of the wrong type is named in one sentence, not a traceback halfway through the
     report. A generator: the windows go on one at a time."""
-    for i, w in enumerate(windows, start):
+    for i, w in enumerate(windows):
         try:
             s = summarize([w])
             advise(s)
@@ -335,9 +335,7 @@ class Merge:
         for k in self.lost:
             self.lost[k] = max(self.lost[k], w.get(k) or 0)
         src = (w.get("rank", 0), w["window"])
-        self.recent[src] = {"buckets": {key: {"phases": {n: {"gpu_ms": {"mean": p["gpu_ms"]["mean"]}}
-                                                         for n, p in b["phases"].items()}}
-                                        for key, b in w["buckets"].items()}}  # what against_window reads
+        self.recent[src] = compare.fields(w)  # its phase means: what against_window reads
         if len(self.recent) > KERNEL_SOURCES:
             self.recent.pop(next(iter(self.recent)))
         k = w.get("kernels")
@@ -362,18 +360,15 @@ class Merge:
                 "kernels": kernels.merge(self.kernels)}
 
 
-def merge_buckets(windows) -> dict:
-    m = Merge()
-    for w in windows:
-        m.add(w)
-    return m.result()["buckets"]
-
-
 def summarize(windows) -> dict:
     m = Merge()
     for w in windows:
         m.add(w)
     return m.result()
+
+
+def merge_buckets(windows) -> dict:
+    return summarize(windows)["buckets"]
 
 
 def verify_points(windows: list[dict]) -> list[list]:
