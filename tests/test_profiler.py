@@ -144,6 +144,48 @@ def test_no_period_across_a_prefill_or_idle(fake):
     assert out[0]["tokens_per_s"] == pytest.approx(30 / (0.086 + 0.0032), rel=1e-6)
 
 
+def _prefill(p, b, bs=1, before=0.0, ms=3.0):
+    b.advance(before)  # the device idle before the prefill (host work, or an idle server)
+    p.begin("prefill", bs)
+    b.advance(ms)
+    p.mark("target_extend")
+    p.end()
+
+
+def test_time_beside_prefills_is_neither_decode_nor_idle(fake):
+    """The GPU time between a prefill and the cycles next to it is counted apart: before the
+    prefill when the batch it joined goes on (not an idle server), between prefills, and
+    after the last one until the next decode cycle."""
+    p, b, out = fake
+    for _ in range(3):
+        run_cycle(p, b, bs=2)  # ends with 0.4 ms of gap
+    _prefill(p, b, before=50.0)  # a kernel compiled for the new shape: the device waits 50.4 ms
+    _prefill(p, b, before=2.0)
+    b.advance(7.0)
+    for _ in range(3):
+        run_cycle(p, b, bs=4)  # the two running requests and the two new ones
+    run_cycle(p, b, bs=4)
+    b.advance(5000.0)  # every request finished; the server sits idle
+    _prefill(p, b, bs=3, before=0.0)
+    b.advance(1.0)
+    for _ in range(3):
+        run_cycle(p, b, bs=3)  # only the new requests: the gap before this prefill was idle time
+    totals = p.totals_now()
+    assert totals["admissions"] == 2
+    assert totals["prefill_cycles"] == 3
+    assert totals["prefill_gpu_ms"] == pytest.approx(9.0)
+    # 50.4 + 2 + 7 at the first admission; the idle 5000.4 left out, the 1 ms after kept
+    assert totals["beside_prefill_gpu_ms"] == pytest.approx(59.4 + 1.0)
+    # decode time is the cycles and the gaps between consecutive decode cycles only
+    assert totals["decode_gpu_ms"] == pytest.approx(10 * 8.6 + 7 * 0.4)
+    (w,) = out
+    assert w["admissions"] == 2
+    assert w["beside_prefill_seconds"] == pytest.approx(0.0604)
+    assert w["prefill_seconds"] == pytest.approx(0.009)
+    assert w["buckets"]["3-4"]["beside_prefill_gpu_ms"]["n"] == 2
+    assert "GPU idle beside them 0.060 s (30.20 ms at each of 2 admissions" in format_summary(w)
+
+
 def test_buckets_by_batch_size(fake):
     p, b, out = fake
     for bs in [1, 2, 3, 4, 1, 2, 3, 4, 8, 5]:

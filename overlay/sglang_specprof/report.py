@@ -315,6 +315,7 @@ class Merge:
         self.points: list = []
         self.lost = dict.fromkeys(("dropped_cycles", "steps_lost", "marks_lost", "uncut_cycles"), 0)
         self.kernels: list = []
+        self.beside = dict.fromkeys(("prefill_seconds", "beside_prefill_seconds", "admissions"), 0)
         self.recent: dict = {}  # (rank, window) -> window, the last KERNEL_SOURCES
 
     def add(self, w: dict) -> None:
@@ -331,6 +332,8 @@ class Merge:
             self.committed += b["accept"]["committed_tokens"]
         self.decode_cycles += w["decode_cycles"]
         self.busy += w["seconds"] or 0
+        for k in self.beside:
+            self.beside[k] += w.get(k) or 0
         self.points.extend(verify_points([w]))
         for k in self.lost:
             self.lost[k] = max(self.lost[k], w.get(k) or 0)
@@ -354,6 +357,7 @@ class Merge:
                 "rank": first.get("rank"), "config": first.get("config") or {},
                 "decode_cycles": self.decode_cycles, "seconds": _r(busy),
                 "tokens_per_s": _r(self.committed / busy) if busy else None,
+                **{k: (v if k == "admissions" else _r(v)) for k, v in self.beside.items()},
                 "buckets": {k: self.buckets[k].result() for k in sorted(self.buckets, key=lambda k: int(k.split("-")[0]))},
                 "verify_points": self.points,
                 **self.lost,

@@ -19,6 +19,12 @@ def format_summary(s: dict, pause=None) -> str:
         f"[{cfg.get('algorithm')} {cfg.get('worker')} steps={cfg.get('num_steps')} topk={cfg.get('topk')} "
         f"draft_tokens={cfg.get('num_draft_tokens')}]"
     ]
+    n_adm = s.get("admissions") or 0
+    if s.get("prefill_seconds") or n_adm:
+        beside = s.get("beside_prefill_seconds") or 0.0
+        lines.append(f"  prefills {_f(s.get('prefill_seconds'), 3)} s GPU; GPU idle beside them {_f(beside, 3)} s "
+                     f"({_f(1000 * beside / n_adm if n_adm else None, 2)} ms at each of {n_adm} admissions: host work "
+                     f"admitting requests, neither decode nor prefill time)")
     for key, b in s.get("buckets", {}).items():
         if not b["cycles"]:
             continue

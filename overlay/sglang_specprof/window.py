@@ -42,6 +42,9 @@ class Cycle:
     host_pause_ms: float = 0.0  # host time the garbage collector stopped the process inside the cycle
     drained: bool = False  # every request had finished before it: no decode time
     whole: tuple[float, float] | None = None  # (GPU ms, host ms) of a cycle timed without its phases
+    # the first decode cycle after prefills: the GPU time between them and beside them (host
+    # work admitting the requests: neither decode nor prefill time)
+    beside_prefill_ms: float | None = None
 
 
 def bucket_of(bs: int) -> str:
@@ -144,6 +147,7 @@ class Bucket:
         self.graph_replays = {"draft": 0, "verify": 0, "draft_extend": 0}
         self.padding = Series()
         self.prefill_gpu: dict[str, Series] = {}
+        self.beside_prefill = Series()  # GPU time around the prefills before one of this bucket's cycles
         # acceptance
         self.verified_reqs = 0
         self.skipped_reqs = 0  # in the batch but finished or retracted: took none of the cycle's tokens
@@ -194,6 +198,8 @@ class Bucket:
                     cand[i] = (worst, rows)
         if c.host_pause_ms:
             self.pauses.add(c.host_pause_ms)
+        if c.beside_prefill_ms is not None:
+            self.beside_prefill.add(c.beside_prefill_ms)
         if c.context_tokens is not None:
             self.context.add(c.context_tokens)
         for i, s in enumerate(c.steps_gpu_ms):
@@ -297,6 +303,7 @@ class Bucket:
             "stalled": stalled,
             "between_cycles_share": _r(self.gap.mean / gpu_period) if self.period_gpu.n and gpu_period > 0 else None,
             "prefill_phases_gpu_ms": {k: v.stats() for k, v in self.prefill_gpu.items()},
+            "beside_prefill_gpu_ms": self.beside_prefill.stats(),
             "graph": {"replays": dict(self.graph_replays), "eager": {k: self.cycles - v for k, v in self.graph_replays.items()},
                       "padding_mean": _r(self.padding.mean)},
             "accept": {
@@ -387,9 +394,14 @@ class Window:
             buckets[key] = self.buckets[key].summary(num_steps)
             if pause is not None:
                 pause()
-        committed = sum(b.committed for b in self.buckets.values() if b.busy_seconds() > 0)
-        busy = sum(b.busy_seconds() for b in self.buckets.values())
+        bs = self.buckets.values()
+        committed = sum(b.committed for b in bs if b.busy_seconds() > 0)
+        busy = sum(b.busy_seconds() for b in bs)
+        prefill = sum(x.total for b in bs for x in b.prefill_gpu.values()) / 1000.0
+        beside = sum(b.beside_prefill.total for b in bs) / 1000.0
         return {"window": self.index, "decode_cycles": self.decode_cycles, "seconds": _r(busy),
+                "prefill_seconds": _r(prefill), "beside_prefill_seconds": _r(beside),
+                "admissions": sum(b.beside_prefill.n for b in bs),
                 "wall_seconds": _r(self.host_seconds),
                 "host_start_s": None if self.first_host_s is None else round(self.first_host_s, 6),
                 "tokens_per_s": _r(committed / busy) if busy > 0 else None, "buckets": buckets,

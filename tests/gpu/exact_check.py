@@ -8,8 +8,10 @@ loads below, reads `/server_info` totals before and after each load, and writes 
 per server and load, the decode tokens the clients received (completion tokens - 1 per request,
 the first token being the prefill's), the profiler's committed tokens over the same stretch
 (the difference must be 0), the phases present, and the profiler's decode tokens/s next to
-the clients' decode-only rate (streamed, from each request's first token to its last, prefills
-of later arrivals taken out at the single-request time to first token measured first).
+the clients' decode-only rate (streamed, from each request's first token to its last, the
+prefills of later arrivals taken out: client_rate.py), and the profiler's partition of the
+GPU time (decode, drain, prefill, beside the prefills) against the server's busy time as the
+clients saw it (each request from its send to its last token).
 
 Needs an NVIDIA GPU and an installed sglang-X.Y.Z+specprof.N (PYTHONPATH or site-packages).
 """
@@ -132,6 +134,12 @@ def judge(name, recs, before, after, windows):
     client_rate = client / decode_s if decode_s > 0 else None
     gpu_ms = ta.get("decode_gpu_ms", 0) - tb.get("decode_gpu_ms", 0)
     prof_rate = committed / (gpu_ms / 1000.0) if gpu_ms > 0 else None
+    # the server's whole time as the clients saw it (each request from its send to its last
+    # token) against the profiler's partition of the GPU time over the same stretch
+    busy = union_length([(r["sent"], r["chunks"][-1]) for r in done if r["chunks"]])
+    part = {k: (ta.get(k, 0) - tb.get(k, 0)) / 1000.0
+            for k in ("decode_gpu_ms", "drain_gpu_ms", "prefill_gpu_ms", "beside_prefill_gpu_ms")}
+    accounted = sum(part.values())
     ws = [w for w in windows if w["host_start_s"] is not None]
     phases = sorted({p for w in ws for b in w["buckets"].values() for p in b["phases"]})
     return {
@@ -147,10 +155,15 @@ def judge(name, recs, before, after, windows):
         "profile_decode_gpu_s": round(gpu_ms / 1000.0, 4),
         "profile_decode_tok_s": None if prof_rate is None else round(prof_rate, 1),
         "rate_ratio": round(prof_rate / client_rate, 4) if prof_rate and client_rate else None,
+        "admissions": ta.get("admissions", 0) - tb.get("admissions", 0),
+        "profile_partition_s": {k[:-3]: round(v, 4) for k, v in part.items()},
+        "client_busy_s": round(busy, 4),
+        "accounted_ratio": round(accounted / busy, 4) if busy > 0 and "admissions" in ta else None,
         "phases_seen": phases,
         # every request's chunk times (ms from the load's first request), for judging the
         # clients' side of the rate again
         "chunks_ms": [[round((t - t0) * 1000.0, 2) for t in r["chunks"]] for r in done],
+        "sent_ms": [round((r["sent"] - t0) * 1000.0, 2) for r in done],
     }
 
 
@@ -162,6 +175,9 @@ def loads_for(quick):
         ("c24-eager", dict(n=24, prompt=256, new=128 if not quick else 64)),
         ("c16x24x4", dict(n=16, prompt=256, new=24, rounds=4)),
         ("c8-stagger", dict(n=8, prompt=256, new=192, stagger_s=0.15)),
+        # the same again: what the first one paid for new prefill shapes is not paid twice
+        ("c8-stagger-again", dict(n=8, prompt=256, new=192, stagger_s=0.15)),
+        ("c16-stagger", dict(n=16, prompt=256, new=128, stagger_s=0.04)),
         ("c8-abort", dict(n=8, prompt=256, new=400, abort_every=2)),
     ]
     return out

@@ -222,7 +222,13 @@ class Profiler(NullProfiler):
         # and acceptance lists come in the same order, so the k-th list settles the k-th cycle.
         self.timing_lock = threading.Lock()
         self.timing = {"decode_cycles": 0, "prefill_cycles": 0, "phase_gpu_ms": {}, "decode_gpu_ms": 0.0,
-                       "drain_cycles": 0, "phase_cycles": 0}  # phase_gpu_ms: the sums over phase_cycles
+                       "drain_cycles": 0, "phase_cycles": 0,  # phase_gpu_ms: the sums over phase_cycles
+                       "prefill_gpu_ms": 0.0, "beside_prefill_gpu_ms": 0.0, "admissions": 0, "drain_gpu_ms": 0.0}
+        # reader: the GPU time next to the prefills since the last decode cycle, (ms, after a
+        # decode cycle), and the prefills' requests; the decode cycle after them says whether
+        # the first gap was the server at work (its batch went on) or idle (only new requests)
+        self.prefill_chain: list = []
+        self.prefill_chain_bs = 0
         self.prev_done: _Slot | None = None  # reader: kept until the next cycle is read, for the gap
         self.read_dropped = 0  # reader: cycles whose events never completed, dropped
         self.decode_read = 0
@@ -269,6 +275,8 @@ class Profiler(NullProfiler):
         list settles the next cycle read."""
         self.decode_settled = self.decode_read
         self.drain_pending.clear()
+        self.prefill_chain = []
+        self.prefill_chain_bs = 0
 
     def close(self):
         """Stop following the garbage collector (the profiler is being replaced)."""
@@ -634,6 +642,7 @@ class Profiler(NullProfiler):
             for i, (idx, win, bs, ms) in enumerate(self.charged):
                 if idx == k:
                     t["decode_gpu_ms"] -= ms
+                    t["drain_gpu_ms"] += ms
                     del self.charged[i]
                     return (bs, ms) if win == window else None
         if k >= self.decode_read:
@@ -686,16 +695,35 @@ class Profiler(NullProfiler):
         # after a prefill, or after the server sat idle, there is none to measure. On the GPU
         # it is the previous cycle's work and the GPU time between the two; on the host it
         # also holds whatever the scheduler waited for meanwhile (a prefill's results).
-        if p is not None and p.seq == s.seq - 1 and p.kind == "decode":
+        adjacent = p is not None and p.seq == s.seq - 1
+        beside = None
+        if adjacent and p.kind == "decode" and s.kind == "decode":
             gap = el(p.events[p.n - 1], ev[0])
             gpu_period = p.span + gap
             period = (h0 - p.host[0]) * 1000.0
+        elif s.kind == "prefill":
+            if adjacent:
+                self.prefill_chain.append((el(p.events[p.n - 1], ev[0]), p.kind == "decode"))
+            self.prefill_chain_bs += s.bs
+        elif self.prefill_chain_bs:  # the first decode cycle after prefills
+            chain = self.prefill_chain
+            if adjacent:
+                chain.append((el(p.events[p.n - 1], ev[0]), False))
+            busy = s.bs > self.prefill_chain_bs  # requests from before the prefills still run
+            beside = sum(g for g, after_decode in chain if busy or not after_decode)
+            self.prefill_chain = []
+            self.prefill_chain_bs = 0
         c = Cycle(kind=s.kind, bs=s.bs, context_tokens=s.ctx, phases=phases, steps_gpu_ms=steps, gap_gpu_ms=gap,
                   period_host_ms=period, graph=s.graph, host_start_s=h0, host_offsets_ms=offsets,
-                  period_gpu_ms=gpu_period, host_pause_ms=s.gc_ms, whole=whole)
+                  period_gpu_ms=gpu_period, host_pause_ms=s.gc_ms, whole=whole, beside_prefill_ms=beside)
         with self.timing_lock:
             t = self.timing
             t[s.kind + "_cycles"] = t.get(s.kind + "_cycles", 0) + 1
+            if s.kind == "prefill":
+                t["prefill_gpu_ms"] += span
+            if beside is not None:
+                t["beside_prefill_gpu_ms"] += beside
+                t["admissions"] += 1
             if s.kind == "decode":
                 if s.detail:
                     t["phase_cycles"] += 1
@@ -710,6 +738,7 @@ class Profiler(NullProfiler):
                 if k in self.drain_pending:
                     self.drain_pending.discard(k)
                     c.drained = True
+                    t["drain_gpu_ms"] += ms
                 else:
                     t["decode_gpu_ms"] += ms
                     self.charged.append((k, window, s.bs, ms))
@@ -816,6 +845,8 @@ class Profiler(NullProfiler):
             out = {"decode_cycles": t["decode_cycles"], "prefill_cycles": t["prefill_cycles"]}
             out.update(tokens)
             out.update(decode_gpu_ms=round(t["decode_gpu_ms"], 4), drain_cycles=t["drain_cycles"],
+                       drain_gpu_ms=round(t["drain_gpu_ms"], 4), prefill_gpu_ms=round(t["prefill_gpu_ms"], 4),
+                       beside_prefill_gpu_ms=round(t["beside_prefill_gpu_ms"], 4), admissions=t["admissions"],
                        phase_cycles=t["phase_cycles"],
                        phase_gpu_ms={k: round(v, 4) for k, v in t["phase_gpu_ms"].items()})
         return out
