@@ -12,7 +12,7 @@ That is the most the profiler can slow a cycle whose host work is on the critica
 the v2 scheduler waits there for the GPU, so the reader's work can fall there. `--buckets`
 spreads the cycles over that many batch-size buckets (a window close costs more with more).
 
-    python bench/hook_cost.py [--cycles 5000] [--reps 7] [--cpu] [--threaded --wait-us 2000] [--phases-every K]
+    python bench/hook_cost.py [--cycles 5000] [--reps 7] [--cpu] [--threaded --wait-us 2000] [--phases-every K] [--ctx tensor]
 """
 import argparse
 import json
@@ -88,9 +88,11 @@ def gpu_wait(seconds):
         hashlib.sha256(_BUF).digest()
 
 
-def run(p, cycles, sync, bs=8, buckets=1, wait_s=0.0):
-    """Microseconds inside the hooks for each cycle (the wait for the GPU not counted)."""
+def run(p, cycles, sync, bs=8, buckets=1, wait_s=0.0, ctx=None):
+    """Microseconds inside the hooks for each cycle (the wait for the GPU not counted).
+    `ctx(n)`: what `begin` is given as the batch's sequence lengths (default the number 8000)."""
     reqs = {n: [Req() for _ in range(n)] for n in BUCKET_BS}
+    lens = {n: 8000 if ctx is None else ctx(n) for n in BUCKET_BS}
     sizes = [bs] if buckets <= 1 else BUCKET_BS[:buckets]
     clock = time.perf_counter
     out = []
@@ -100,7 +102,7 @@ def run(p, cycles, sync, bs=8, buckets=1, wait_s=0.0):
         rs = reqs[n]
         correct = [2] * n
         t = clock()
-        p.begin("decode", n, 8000)
+        p.begin("decode", n, lens[n])
         for m in MARKS:
             p.mark(m)
         p.end()
@@ -133,6 +135,9 @@ def main():
     ap.add_argument("--phases-every", type=int, default=4, metavar="K",
                     help="time the phases in one cycle of K, as --speculative-profile-phases-every (default 4; "
                     "1: every phase of every cycle)")
+    ap.add_argument("--ctx", choices=["number", "tensor"], default=None,
+                    help="the sequence lengths `begin` gets: a number, or a CPU tensor as 0.5.16 and later pass "
+                    "(default: tensor on a GPU, number with --cpu)")
     ap.add_argument("--cpu", action="store_true",
                     help="no GPU: events that cost nothing, so only the profiler's Python is timed")
     a = ap.parse_args()
@@ -152,7 +157,12 @@ def main():
         sync, device = torch.cuda.synchronize, torch.cuda.get_device_name()
     on = Profiler(backend, interval=100, config=config, threaded=a.threaded, phases_every=a.phases_every)
     off = NullProfiler()
+    ctx = a.ctx or ("number" if a.cpu else "tensor")
     kw = dict(bs=a.bs, buckets=a.buckets, wait_s=a.wait_us / 1e6)
+    if ctx == "tensor":
+        import torch
+
+        kw["ctx"] = lambda n: torch.full((n,), 1000, dtype=torch.int64)
     run(on, 500, sync, **kw)  # warm up
     res = {"off": [], "on": []}
     tails = {"off": [], "on": []}
@@ -174,7 +184,7 @@ def main():
     out["on_max_us"] = round(max(t[1] for t in tails["on"]), 1)
     out["runs_us"] = {k: [round(x, 2) for x in v] for k, v in res.items()}
     out.update(device=device or "cpu", events=getattr(backend, "kind", "none"), threaded=a.threaded, wait_us=a.wait_us, buckets=a.buckets, bs=a.bs,
-               phases_every=a.phases_every)
+               phases_every=a.phases_every, ctx=ctx)
     print(json.dumps(out))
 
 

@@ -311,7 +311,6 @@ class Profiler(NullProfiler):
             s.reset()
             s.kind = kind
             s.bs = bs
-            s.ctx = _context(ctx)
             s.seq = self.seq
             self.seq += 1
             if not self.detail_all and kind == "decode":
@@ -319,6 +318,8 @@ class Profiler(NullProfiler):
                 k = seen.get(bs, 0)
                 seen[bs] = k + 1
                 s.detail = k % self.phases_every == 0
+            if s.detail and ctx is not None:  # a tensor's sum costs microseconds: the cycles timed by phase only
+                s.ctx = _context(ctx)
             self.cur = s
             self.backend.refresh()
             self._record(s, "begin")
@@ -549,9 +550,9 @@ class Profiler(NullProfiler):
                 self._add_accept(correct)
                 return
             # what each request's client has: its output up to the stop, as upstream sends it
-            before = [None if (r.finished() or r.is_retracted) else
-                      (len(r.output_ids) if r.finished_len is None else r.finished_len) for r in reqs]
-            self.open_commit = (reqs, correct, before)
+            # (a finished or retracted request is skipped by upstream: it gets nothing)
+            self.open_commit = (reqs, correct, [len(r.output_ids) if r.finished_len is None else r.finished_len
+                                                for r in reqs])
         except Exception as e:
             self._fail(e)
 
@@ -565,10 +566,11 @@ class Profiler(NullProfiler):
             reqs, correct, before = c
             took, got = [], []
             for r, k, b in zip(reqs, correct, before):
-                if b is not None:
+                n = r.finished_len
+                n = (len(r.output_ids) if n is None else n) - b
+                if n > 0:  # a request upstream commits to takes one token at least (the bonus)
                     took.append(k)
-                    n = r.finished_len
-                    got.append((len(r.output_ids) if n is None else n) - b)
+                    got.append(n)
             self._add_accept(took, got, len(reqs) - len(took))
         except Exception as e:
             self._fail(e)
