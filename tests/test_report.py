@@ -156,7 +156,9 @@ def test_foreign_input_is_one_error_naming_the_line(tmp_path, capsys, content, s
 
 def test_missing_file_and_bad_flags(tmp_path, capsys):
     code, _, err = run_cli("report", str(tmp_path / "none.jsonl"), capsys=capsys)
-    assert code == 1 and "no such file" in err
+    assert code == 1 and "no such file" in err and "http://" not in err
+    code, _, err = run_cli("report", "localhost:30000", capsys=capsys)  # a server's address without the scheme
+    assert code == 1 and err.strip().endswith("no such file (a running server is read as http://localhost:30000)")
     code, _, err = run_cli("report", str(V2), "--last", "0", capsys=capsys)
     assert code == 1 and "--last must be 1 or more" in err
     code, _, err = run_cli("report", "http://127.0.0.1:9", capsys=capsys)
@@ -166,8 +168,9 @@ def test_missing_file_and_bad_flags(tmp_path, capsys):
 def test_compare_with_itself_is_within_noise():
     windows, _ = report.load(str(V2))
     result = compare.compare(windows[11:20], windows[11:20])
-    for r in result["3-4"]:
-        assert r["delta"] == 0 and r["verdict"] == "within noise"
+    for r in result["buckets"]["3-4"]:
+        assert r["delta"] == 0 and r["verdict"] == "no change"
+    assert result["settings_differ"] == {} and result["only_in"] == {}
 
 
 def slower_verify(windows, factor):
@@ -180,15 +183,80 @@ def slower_verify(windows, factor):
 def test_compare_finds_a_slower_verify_and_weighs_it_against_the_drift():
     windows, _ = report.load(str(V2))
     a = windows[11:20]  # verify drifts from 5.9 to 10.8 ms over these windows as the context grows
-    rows = {r["metric"]: r for r in compare.compare(a, slower_verify(a, 1.5))["3-4"]}
+    rows = {r["metric"]: r for r in compare.compare(a, slower_verify(a, 1.5))["buckets"]["3-4"]}
     assert rows["verify gpu ms"]["verdict"] == "beyond noise"
     assert rows["verify gpu ms"]["relative"] == pytest.approx(0.5, abs=1e-3)
-    assert rows["draft gpu ms"]["verdict"] == "within noise"
-    rows = {r["metric"]: r for r in compare.compare(a, slower_verify(a, 1.1))["3-4"]}
+    assert rows["draft gpu ms"]["verdict"] == "no change"  # the same figures: delta 0
+    rows = {r["metric"]: r for r in compare.compare(a, slower_verify(a, 1.1))["buckets"]["3-4"]}
     assert rows["verify gpu ms"]["verdict"] == "within noise"  # 10% is inside this run's own spread
     b = slower_verify(a, 1.5)
-    few = compare.compare(a[:2], b[:2])["3-4"]
-    assert all(r["verdict"] == "too few windows to judge" for r in few)
+    few = compare.compare(a[:2], b[:2])["buckets"]["3-4"]
+    assert {r["verdict"] for r in few} == {"too few windows to judge", "no change"}
+    assert next(r for r in few if r["metric"] == "verify gpu ms")["verdict"] == "too few windows to judge"
+
+
+def test_the_advisor_line_is_the_advisor_table(capsys):
+    """report prints a line per bucket and the advisor's table: the same prediction (the
+    line once came from the bucket alone and gave a range the table did not)."""
+    import re
+
+    prof = DATA / "profile-0.5.16-eagle3-v2-topk1.jsonl"
+    code, out, _ = run_cli("report", str(prof), capsys=capsys)
+    assert code == 0
+    windows, _ = report.load(str(prof))
+    advice = report.advise(report.summarize(windows))
+    lines = re.findall(r"advisor: --speculative-num-steps (\d+) predicted ([\d.]+) tok/s \(([^)]*)\)", out)
+    assert len(lines) == len(advice) >= 2
+    for (steps, tok, rest), adv in zip(lines, advice.values()):
+        best = next(r for r in adv["rows"] if r["steps"] == adv["best"])
+        assert int(steps) == best["steps"] and float(tok) == pytest.approx(best["tokens_per_s"], abs=0.05)
+        if "range" in rest:
+            lo, hi = map(float, rest.split("range ")[1].split("-"))
+            assert (lo, hi) == (pytest.approx(best["low"], abs=0.05), pytest.approx(best["high"], abs=0.05))
+        else:
+            assert best["low"] == pytest.approx(best["high"], abs=0.05)
+
+
+def test_compare_prints_the_figures_report_prints():
+    """For the same profile, compare's A column is report's figure (the windows merged with
+    their weights), not a plain mean of the window means."""
+    windows, _ = report.load(str(V2))
+    merged = report.summarize(windows)["buckets"]
+    result = compare.compare(windows, windows)
+    for key, rows in result["buckets"].items():
+        got = {r["metric"]: r["a"] for r in rows}
+        b = merged[key]
+        for name, p in b["phases"].items():
+            assert got[f"{name} gpu ms"] == pytest.approx(p["gpu_ms"]["mean"], abs=1e-3), (key, name)
+        assert got["accept length"] == pytest.approx(b["accept"]["mean_length"], abs=1e-3)
+        assert got["tokens/s"] == pytest.approx(b["tokens_per_s"], rel=1e-4)
+        assert got["cycle wall ms"] == pytest.approx(b["cycle_wall_ms"]["mean"], abs=1e-3)
+
+
+def test_compare_says_what_it_cannot_compare(capsys):
+    """A v1 profile against a v2 one: the settings that differ, the phases only one side has
+    and the batch sizes only one side ran are named, not dropped without a word."""
+    code, out, _ = run_cli("compare", str(V1), str(V2), capsys=capsys)
+    assert code == 0
+    wa, _ = report.load(str(V1), keep=compare.fields)
+    wb, _ = report.load(str(V2), keep=compare.fields)
+    result = compare.compare(wa, wb)
+    assert result["settings_differ"]["worker"] == ["v1", "v2"]
+    assert "note: the runs differ in their settings (" in out and "worker v1 vs v2" in out
+    only = {n for o in result["only_in"].values() for side in o.values() for n in side}
+    assert only and "phases only in" in out
+    for n in only:
+        assert n in out
+    shown = {r["metric"].rsplit(" gpu ms", 1)[0] for rows in result["buckets"].values() for r in rows}
+    assert not shown & only
+
+
+def test_a_change_below_the_precision_is_no_change():
+    windows, _ = report.load(str(V2))
+    a = windows[11:20]
+    b = slower_verify(a, 1.00001)  # -0.000 ms: was once "beyond noise"
+    rows = {r["metric"]: r for r in compare.compare(a, b)["buckets"]["3-4"]}
+    assert rows["verify gpu ms"]["verdict"] == "no change"
 
 
 def test_console_script_runs_with_only_the_wheel(tmp_path, built_wheel):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import threading
 import urllib.request
 from array import array
@@ -105,7 +106,10 @@ def stream(source: str, last: int | None = None, notes: list | None = None, keep
             seen += 1
             yield w if keep is None else keep(w)
     except FileNotFoundError:
-        raise SourceError(f"{source}: no such file") from None
+        hint = ""
+        if re.fullmatch(r"[\w.-]+:\d+(/.*)?", source):  # host:port, as a user types a server's address
+            hint = f" (a running server is read as http://{source})"
+        raise SourceError(f"{source}: no such file{hint}") from None
     except IsADirectoryError:
         raise SourceError(f"{source} is a folder, not a profile") from None
     except PermissionError:
@@ -409,7 +413,7 @@ def advise(summary: dict) -> dict:
 
 
 def render(summary: dict, advice: dict) -> str:
-    text = [format_summary(summary)]
+    text = [format_summary(summary, advice=advice)]
     for key, adv in advice.items():
         text.append(f"bs {key} " + advisor.format_advice(adv))
     if summary.get("kernels"):

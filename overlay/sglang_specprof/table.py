@@ -10,8 +10,11 @@ def _f(x, nd=3):
     return "-" if x is None else f"{x:.{nd}f}"
 
 
-def format_summary(s: dict, pause=None) -> str:
-    """`pause`: called after each bucket (the folder's thread gives the GIL back there)."""
+def format_summary(s: dict, pause=None, advice: dict | None = None) -> str:
+    """`pause`: called after each bucket (the folder's thread gives the GIL back there);
+    `advice`: the advisor's result per bucket where the caller has it (the report's, from
+    the whole profile), so that each bucket's line is the table's; without it (the live
+    log) each bucket's line is predicted from that bucket alone."""
     cfg = s.get("config", {})
     lines = [
         f"window {s.get('window')} rank {s.get('rank')}: {s.get('decode_cycles')} decode cycles in "
@@ -60,9 +63,9 @@ def format_summary(s: dict, pause=None) -> str:
             lines.append(f"    draft steps gpu ms: {steps}")
         gr = b["graph"]
         lines.append(f"    graph replays {gr['replays']} eager {gr['eager']} padding {_f(gr['padding_mean'], 2)}")
-        advice = _advice_line(b, cfg)
-        if advice:
-            lines.append(advice)
+        line = _advice_line(b, cfg, None if advice is None else advice.get(key))
+        if line:
+            lines.append(line)
         st = b.get("stalled") or {}
         if st.get("cycles"):
             parts = ", ".join(f"{n} {_f(e['gpu_ms'], 1)} ms GPU / {_f(e['host_ms'], 1)} ms host"
@@ -109,19 +112,21 @@ def _above_p99(st: dict) -> bool:
     return m is not None and p99 is not None and m > p99
 
 
-def _advice_line(bucket: dict, cfg: dict) -> str | None:
-    """One line of the step-count advisor for the live log; never raises."""
+def _advice_line(bucket: dict, cfg: dict, adv: dict | None = None) -> str | None:
+    """One line of the step-count advisor (`adv`, or predicted from the bucket); never raises."""
     try:
         steps = cfg.get("num_steps")
-        inp = inputs_from_bucket(bucket, steps) if steps else None
-        if inp is None:
-            return None
-        adv = predict(inp)
+        if adv is None:
+            inp = inputs_from_bucket(bucket, steps) if steps else None
+            if inp is None:
+                return None
+            adv = predict(inp)
         best = next(r for r in adv["rows"] if r["steps"] == adv["best"])
         if adv["best"] == steps:
             return f"    advisor: --speculative-num-steps {steps} is the best predicted"
         topk = " with topk 1" if (cfg.get("topk") or 1) > 1 else ""
+        spread = "" if _f(best["low"], 1) == _f(best["high"], 1) else f", range {_f(best['low'], 1)}-{_f(best['high'], 1)}"
         return (f"    advisor: --speculative-num-steps {best['steps']}{topk} predicted {_f(best['tokens_per_s'], 1)} "
-                f"tok/s ({100 * (adv['expected_gain'] or 0):+.1f}%, range {_f(best['low'], 1)}-{_f(best['high'], 1)})")
+                f"tok/s ({100 * (adv['expected_gain'] or 0):+.1f}%{spread})")
     except Exception:
         return None
