@@ -10,7 +10,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from . import apply, fetch, release, repack
+from . import analysis, apply, fetch, release, repack
 from .errors import BuildError
 
 # The one copy into the output folder (a name of its own so that the tests can fill the disk).
@@ -53,6 +53,19 @@ def check_out_dir(out: Path) -> None:
         probe.close()
     except OSError as e:
         raise BuildError(f"Cannot write the wheel into {out}: {e.strerror}.") from None
+
+
+def _deliver(wheel: Path, out: Path) -> Path:
+    """Into `out` under a partial name first, then renamed: never a torn wheel there."""
+    final = out / wheel.name
+    partial = out / f".{BUILD_PARTIAL}{os.getpid()}-{wheel.name}"  # one per build: two may share --out
+    try:
+        copy_out(wheel, partial)
+        os.replace(partial, final)
+    except OSError as e:
+        partial.unlink(missing_ok=True)
+        raise BuildError(f"Cannot write {final}: {e.strerror}.") from None
+    return final
 
 
 def into(args, log) -> Path:
@@ -140,14 +153,16 @@ def build(args, log) -> Path | None:
         staged.mkdir()
         wheel = repack.pack(tree, staged, rel.local_version)
         log(f"repack    {wheel.name}")
-        final = args.out / wheel.name
-        partial = args.out / f".{BUILD_PARTIAL}{os.getpid()}-{wheel.name}"  # one per build: two may share --out
-        try:
-            copy_out(wheel, partial)
-            os.replace(partial, final)
-        except OSError as e:
-            partial.unlink(missing_ok=True)
-            raise BuildError(f"Cannot write {final}: {e.strerror}.") from None
+        lite = analysis.build_wheel(work)
+        final = _deliver(wheel, args.out)
+        lite = _deliver(lite, args.out)
+    tags = "-".join(final.name[:-4].split("-")[-3:])
+    if args.python_tag or args.platform or args.from_wheel:
+        log(f"tags      {tags}")
+    else:
+        log(f"tags      {tags}, this interpreter's; for another, where SGLang runs: --python-tag cp312 "
+            f"(and --platform ...), or build there")
+    log(f"analysis  {lite} (profiles on a machine without SGLang: pip install it, [plot] for --plot)")
     log(f"done      in {time.monotonic() - t0:.1f} s")
     return final
 

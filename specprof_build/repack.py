@@ -87,11 +87,12 @@ def write_marker(tree: Path, info: dict) -> None:
     (dist_info(tree) / MARKER).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
 
 
-def pack(tree: Path, dest: Path, local_version: str) -> Path:
+def pack(tree: Path, dest: Path, local_version: str | None) -> Path:
     before = set(dest.iterdir())
     env = dict(os.environ)
     env.setdefault("SOURCE_DATE_EPOCH", DEFAULT_EPOCH)
-    _wheel(["pack", "-d", str(dest), "--local-version", local_version, str(tree)], env=env)
+    local = ["--local-version", local_version] if local_version else []
+    _wheel(["pack", "-d", str(dest), *local, str(tree)], env=env)
     made = [p for p in dest.iterdir() if p not in before and p.suffix == ".whl"]
     if len(made) != 1:
         raise BuildError("wheel pack did not write exactly one wheel.")

@@ -1,6 +1,7 @@
 """The offline tools: the advisor's model, report, compare, and their bad input."""
 import copy
 import json
+import os
 import subprocess
 import sys
 import venv
@@ -272,6 +273,40 @@ def test_console_script_runs_with_only_the_wheel(tmp_path, built_wheel):
     proc = subprocess.run([str(env / "bin" / "python"), "-m", "sglang_specprof", "compare", str(V2), str(V1)],
                           capture_output=True, text=True)
     assert proc.returncode == 0 and "compare A = " in proc.stdout
+
+
+def test_the_analysis_wheel_installs_with_pip_and_reads_profiles(tmp_path, built_wheel):
+    """build.py writes sglang_specprof-V-py3-none-any.whl beside the sglang wheel: a plain
+    `pip install` of it (dependencies resolved, none needed) gives the same command; --plot
+    without matplotlib says how to get it, and with it draws the figure."""
+    from specprof_build import analysis
+
+    import zipfile
+
+    (lite,) = built_wheel.parent.glob("sglang_specprof-*-py3-none-any.whl")
+    assert lite.name == f"sglang_specprof-{analysis.version()}-py3-none-any.whl"
+    # the sglang wheel's analysis package, file for file
+    with zipfile.ZipFile(lite) as a, zipfile.ZipFile(built_wheel) as b:
+        mine = {n: a.read(n) for n in a.namelist() if n.startswith("sglang_specprof/")}
+        assert mine and mine == {n: b.read(n) for n in b.namelist() if n.startswith("sglang_specprof/")}
+    env = tmp_path / "venv"
+    venv.EnvBuilder(with_pip=True).create(env)
+    py, cmd = str(env / "bin" / "python"), str(env / "bin" / "sglang-specprof")
+    proc = subprocess.run([py, "-m", "pip", "install", "-q", "--no-index", str(lite)], capture_output=True, text=True)
+    assert proc.returncode == 0 and "ERROR" not in proc.stderr, proc.stderr
+    assert subprocess.run([py, "-m", "pip", "check"], capture_output=True, text=True).returncode == 0
+    proc = subprocess.run([cmd, "report", str(V2), "--last", "2"], capture_output=True, text=True)
+    assert proc.returncode == 0 and "advisor (profiled at 3 steps" in proc.stdout, proc.stderr
+    proc = subprocess.run([cmd, "report", str(V2), "--plot", str(tmp_path / "f.png")], capture_output=True, text=True)
+    assert proc.returncode == 1 and "sglang-specprof[plot]" in proc.stderr
+    # with matplotlib there (the tests' own, on the path)
+    import matplotlib
+
+    site = os.path.dirname(os.path.dirname(matplotlib.__file__))
+    proc = subprocess.run([cmd, "report", str(V2), "--plot", str(tmp_path / "f.png")], capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=site))
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "f.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def fake_profile(path, windows=3, bs=2):

@@ -13,7 +13,8 @@ def plot(summary: dict, path: str) -> dict:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise RuntimeError("--plot needs matplotlib: pip install matplotlib") from None
+        raise RuntimeError("--plot needs matplotlib: pip install matplotlib (or 'sglang-specprof[plot]' with the "
+                           "analysis wheel)") from None
     buckets = {k: b for k, b in summary["buckets"].items() if b["cycles"]}
     keys = list(buckets)
     names = []

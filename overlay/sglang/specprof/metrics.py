@@ -1,43 +1,69 @@
-"""Prometheus gauges for each summary window (with --enable-metrics), next to SGLang's own."""
+"""Prometheus gauges for each summary window (with --enable-metrics), next to SGLang's own.
+
+`dashboards/grafana-specprof.json` draws them; its test checks that every query names a
+gauge set here.
+"""
 
 from __future__ import annotations
 
+from sglang_specprof.advisor import inputs_from_bucket, predict
+
+# name: (help, labels beyond the sink's own)
+GAUGES = {
+    "sglang:specprof_phase_gpu_ms": ("Mean GPU time of a speculative cycle phase (ms).", ["bucket", "phase"]),
+    "sglang:specprof_phase_host_ms": ("Mean host time of a speculative cycle phase (ms).", ["bucket", "phase"]),
+    "sglang:specprof_phase_share": ("Share of a phase in the mean GPU time of the cycles timed by phase.",
+                                    ["bucket", "phase"]),
+    "sglang:specprof_cycle_gpu_ms": ("Mean GPU time of a speculative decode cycle (ms).", ["bucket"]),
+    "sglang:specprof_cycle_wall_ms": ("Mean wall time of a speculative decode cycle (ms).", ["bucket"]),
+    "sglang:specprof_accept_length": ("Mean accepted length per verified request.", ["bucket"]),
+    "sglang:specprof_position_accept_rate": ("P(draft token at this position accepted | all before it accepted).",
+                                             ["bucket", "position"]),
+    "sglang:specprof_bucket_tokens_per_s": ("Committed tokens per second of the bucket's decode time.", ["bucket"]),
+    "sglang:specprof_tokens_per_s": ("Committed tokens per second of decode time.", []),
+    "sglang:specprof_window_seconds": ("GPU seconds of the last window by kind: decode, prefill, beside_prefill "
+                                       "(the device waiting while the host admitted requests).", ["kind"]),
+    "sglang:specprof_advisor_best_steps": ("The step count the advisor predicts fastest for the bucket.", ["bucket"]),
+    "sglang:specprof_advisor_expected_gain": ("The advisor's predicted tokens/s gain of its pick over the running "
+                                              "setting (0.05 = +5%).", ["bucket"]),
+}
+
 
 class MetricsSink:
-    def __init__(self, labels: dict):
-        from prometheus_client import Gauge
+    def __init__(self, labels: dict, registry=None):
+        from prometheus_client import REGISTRY, Gauge
 
         self.labels = {k: str(v) for k, v in labels.items()}
         names = list(self.labels)
-        mode = {"multiprocess_mode": "mostrecent"}
-        self.phase = Gauge("sglang:specprof_phase_gpu_ms", "Mean GPU time of a speculative cycle phase (ms).",
-                           names + ["bucket", "phase"], **mode)
-        self.phase_host = Gauge("sglang:specprof_phase_host_ms", "Mean host time of a speculative cycle phase (ms).",
-                                names + ["bucket", "phase"], **mode)
-        self.cycle = Gauge("sglang:specprof_cycle_wall_ms", "Mean wall time of a speculative decode cycle (ms).",
-                           names + ["bucket"], **mode)
-        self.accept = Gauge("sglang:specprof_accept_length", "Mean accepted length per verified request.",
-                            names + ["bucket"], **mode)
-        self.position = Gauge("sglang:specprof_position_accept_rate",
-                              "P(draft token at this position accepted | all before it accepted).",
-                              names + ["bucket", "position"], **mode)
-        self.tokens = Gauge("sglang:specprof_tokens_per_s", "Committed tokens per second of decode time.",
-                            names, **mode)
+        reg = REGISTRY if registry is None else registry
+        self.g = {name: Gauge(name, doc, names + extra, multiprocess_mode="mostrecent", registry=reg)
+                  for name, (doc, extra) in GAUGES.items()}
+
+    def _set(self, name, value, **labels):
+        if value is not None:
+            self.g[name].labels(**self.labels, **labels).set(value)
 
     def __call__(self, s: dict) -> None:
-        lab = self.labels
-        if s.get("tokens_per_s") is not None:
-            self.tokens.labels(**lab).set(s["tokens_per_s"])
+        self._set("sglang:specprof_tokens_per_s", s.get("tokens_per_s"))
+        for kind, key in (("decode", "seconds"), ("prefill", "prefill_seconds"),
+                          ("beside_prefill", "beside_prefill_seconds")):
+            self._set("sglang:specprof_window_seconds", s.get(key), kind=kind)
+        steps = (s.get("config") or {}).get("num_steps")
         for key, b in s.get("buckets", {}).items():
+            if not b.get("cycles"):
+                continue
             for name, p in b["phases"].items():
-                if p["gpu_ms"]["mean"] is not None:
-                    self.phase.labels(**lab, bucket=key, phase=name).set(p["gpu_ms"]["mean"])
-                if p["host_ms"]["mean"] is not None:
-                    self.phase_host.labels(**lab, bucket=key, phase=name).set(p["host_ms"]["mean"])
-            if b["cycle_wall_ms"]["mean"] is not None:
-                self.cycle.labels(**lab, bucket=key).set(b["cycle_wall_ms"]["mean"])
-            if b["accept"]["mean_length"] is not None:
-                self.accept.labels(**lab, bucket=key).set(b["accept"]["mean_length"])
+                self._set("sglang:specprof_phase_gpu_ms", p["gpu_ms"]["mean"], bucket=key, phase=name)
+                self._set("sglang:specprof_phase_host_ms", p["host_ms"]["mean"], bucket=key, phase=name)
+                self._set("sglang:specprof_phase_share", p.get("share"), bucket=key, phase=name)
+            self._set("sglang:specprof_cycle_gpu_ms", b["cycle_gpu_ms"]["mean"], bucket=key)
+            self._set("sglang:specprof_cycle_wall_ms", b["cycle_wall_ms"]["mean"], bucket=key)
+            self._set("sglang:specprof_accept_length", b["accept"]["mean_length"], bucket=key)
+            self._set("sglang:specprof_bucket_tokens_per_s", b.get("tokens_per_s"), bucket=key)
             for i, a in enumerate(b["accept"]["per_position"], 1):
-                if a is not None:
-                    self.position.labels(**lab, bucket=key, position=str(i)).set(a)
+                self._set("sglang:specprof_position_accept_rate", a, bucket=key, position=str(i))
+            inp = inputs_from_bucket(b, steps) if steps else None
+            if inp is not None:
+                adv = predict(inp)
+                self._set("sglang:specprof_advisor_best_steps", adv["best"], bucket=key)
+                self._set("sglang:specprof_advisor_expected_gain", adv.get("expected_gain"), bucket=key)

@@ -1,0 +1,87 @@
+"""The Prometheus gauges, and the Grafana dashboard that draws them."""
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from fakes import FakeBackend  # noqa: F401  (puts overlay/ on the path)
+from sglang_specprof import advisor, report
+
+prometheus_client = pytest.importorskip("prometheus_client")
+from sglang.specprof.metrics import GAUGES, MetricsSink  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+DASHBOARD = ROOT / "dashboards" / "grafana-specprof.json"
+PROFILE = ROOT / "tests" / "data" / "exact" / "0.5.16-g" / "profile-s3k1.jsonl.xz"
+
+
+def _exported(window):
+    reg = prometheus_client.CollectorRegistry()
+    MetricsSink({"tp_rank": 0}, registry=reg)(window)
+    samples = {}
+    for fam in reg.collect():
+        for s in fam.samples:
+            samples.setdefault(s.name, []).append((s.labels, s.value))
+    return samples
+
+
+def _window(tmp_path):
+    import lzma
+
+    p = tmp_path / "p.jsonl"
+    p.write_bytes(lzma.decompress(PROFILE.read_bytes()))
+    windows, _ = report.load(str(p))
+    return next(w for w in windows if w.get("prefill_seconds") and len(w["buckets"]) >= 2)
+
+
+def test_each_window_sets_every_gauge_with_its_figures(tmp_path):
+    w = _window(tmp_path)
+    got = _exported(w)
+    assert set(got) == set(GAUGES)
+    (tok,) = got["sglang:specprof_tokens_per_s"]
+    assert tok == ({"tp_rank": "0"}, pytest.approx(w["tokens_per_s"]))
+    kinds = {lab["kind"]: v for lab, v in got["sglang:specprof_window_seconds"]}
+    assert kinds == {"decode": pytest.approx(w["seconds"]), "prefill": pytest.approx(w["prefill_seconds"]),
+                     "beside_prefill": pytest.approx(w["beside_prefill_seconds"])}
+    shares = {(lab["bucket"], lab["phase"]): v for lab, v in got["sglang:specprof_phase_share"]}
+    for key, b in w["buckets"].items():
+        if not b["cycles"]:
+            continue
+        for name, p in b["phases"].items():
+            assert shares[(key, name)] == pytest.approx(p["share"])
+        best = advisor.predict(advisor.inputs_from_bucket(b, w["config"]["num_steps"]))["best"]
+        assert ({"tp_rank": "0", "bucket": key}, best) in got["sglang:specprof_advisor_best_steps"]
+
+
+def _names(expr):
+    return set(re.findall(r"sglang:specprof_\w+", expr))
+
+
+def test_every_dashboard_query_names_a_gauge_the_server_exports(tmp_path):
+    """Every panel's query and every template variable reads a gauge the sink sets, with
+    labels that gauge has; every gauge is drawn somewhere."""
+    dash = json.loads(DASHBOARD.read_text())
+    got = _exported(_window(tmp_path))
+    labels = {name: {"tp_rank", *extra} for name, (_, extra) in GAUGES.items()}
+    used = set()
+    exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
+    exprs += [v["definition"] for v in dash["templating"]["list"] if v["type"] == "query"]
+    assert len(dash["panels"]) >= 8
+    for expr in exprs:
+        names = _names(expr)
+        assert names, expr
+        for name in names:
+            assert name in got, (name, expr)
+            for lab in re.findall(r"(\w+)\s*=~?", expr.split("{", 1)[1]) if "{" in expr else []:
+                assert lab in labels[name], (lab, name)
+            inner = re.search(r"label_values\([^,]+,\s*(\w+)\)", expr)
+            if inner:
+                assert inner.group(1) in labels[name]
+        used |= names
+    for p in dash["panels"]:
+        for t in p["targets"]:
+            (name,) = _names(t["expr"])
+            for lab in re.findall(r"\{\{(\w+)\}\}", t["legendFormat"]):
+                assert lab in labels[name], (lab, name)
+    assert used == set(GAUGES)
