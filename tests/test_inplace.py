@@ -134,6 +134,7 @@ print("finished")
 """
 
 
+@pytest.mark.full  # 1.5 minutes: a process killed at each of its steps
 def test_killed_at_any_point_the_site_is_published_patched_or_taken_back_next_time(tmp_path, pristine, built_wheel):
     """--into killed after each of its file operations in turn: the site is as published, or
     fully patched, or (journal left) the next --restore gives back the published files and

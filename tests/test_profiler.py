@@ -309,6 +309,7 @@ def test_replay_before_the_previous_one_completed_loses_only_that_read(fake):
     assert p.steps_lost == 1
 
 
+@pytest.mark.full  # 5 minutes on 2 cores
 def test_bounded_memory_over_a_million_cycles():
     b = FakeBackend()
     p = Profiler(b, interval=1000, sink=None, config={"num_steps": 3}, clock=b.clock, log_table=False)

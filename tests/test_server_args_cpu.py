@@ -20,6 +20,8 @@ from conftest import ROOT, run_build
 from specprof_build import release
 
 RELEASES = release.available()
+# every release's server_args.py under CPU torch (a 6 GB environment the first time): CI's run
+pytestmark = pytest.mark.full
 
 
 @functools.lru_cache(maxsize=None)
