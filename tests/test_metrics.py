@@ -85,3 +85,20 @@ def test_every_dashboard_query_names_a_gauge_the_server_exports(tmp_path):
             for lab in re.findall(r"\{\{(\w+)\}\}", t["legendFormat"]):
                 assert lab in labels[name], (lab, name)
     assert used == set(GAUGES)
+
+
+def test_the_dashboard_reads_what_a_real_server_exported():
+    """/metrics of a 0.5.16 server with --enable-metrics (tests/gpu/metrics_check.py on the
+    GPU machine, tests/data/metrics/): every gauge is there, from SGLang's multiprocess
+    collector, and every dashboard query names gauges it holds; the tokens/s gauge is the
+    last window's."""
+    rec = ROOT / "tests" / "data" / "metrics" / "0.5.16"
+    text = (rec / "metrics.txt").read_text()
+    names = {re.match(r"[\w:]+", ln).group(0) for ln in text.splitlines() if ln.startswith("sglang:specprof_")}
+    assert names == set(GAUGES)
+    dash = json.loads(DASHBOARD.read_text())
+    for p in dash["panels"]:
+        for t in p["targets"]:
+            assert _names(t["expr"]) <= names, t["expr"]
+    check = json.loads((rec / "check.json").read_text())
+    assert check["tokens_per_s_gauge"] == [check["tokens_per_s_latest_window"]]
