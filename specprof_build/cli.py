@@ -100,48 +100,77 @@ def build(args, log) -> Path | None:
         return None
     if args.into is not None:
         return into(args, log)
-    version = args.sglang or release.default_release(patches)
-    rel = release.load(version, patches)
+    rel = release.load(args.sglang or release.default_release(patches), patches)
+    name, source = _upstream(args, rel, log)
+    if args.check:
+        check(rel, name, source, log)
+        return None
+    final = build_wheel(args, rel, name, source, log)
+    log(f"done      in {time.monotonic() - t0:.1f} s")
+    return final
+
+
+def _upstream(args, rel, log) -> tuple[str, Path]:
+    """The pinned upstream wheel: the given one (hash-checked), or from the cache or PyPI."""
     if args.from_wheel is not None:
         if args.python_tag or args.platform:
             raise BuildError("--from-wheel builds for the wheel's own tags; leave out --python-tag and --platform.")
         name = fetch.from_wheel(rel.pin, args.from_wheel)
-        source = args.from_wheel
         log(f"upstream  {name} from {args.from_wheel} (sha256 ok)")
-    else:
-        name = fetch.choose(rel.pin, args.python_tag, args.platform)
-        source = fetch.fetch(rel.pin, name, args.cache_dir or fetch.default_cache(), args.offline, log)
-    if not args.check:
-        check_out_dir(args.out)
+        return name, args.from_wheel
+    name = fetch.choose(rel.pin, args.python_tag, args.platform)
+    return name, fetch.fetch(rel.pin, name, args.cache_dir or fetch.default_cache(), args.offline, log)
+
+
+def _manifest_agrees(rel, name, source) -> bool:
+    """The series folder's hashes of the upstream files it patches against the wheel's;
+    False where the folder has none yet."""
+    from . import inplace
+
+    mpath = rel.directory / inplace.MANIFEST
+    if not mpath.is_file():
+        return False
+    if mpath.read_text() != inplace.manifest_from_wheel(rel, source):
+        raise BuildError(f"{rel.directory.name}/{inplace.MANIFEST} does not match {name}; "
+                         f"the series folder and the pin disagree.")
+    return True
+
+
+def check(rel, name, source, log) -> None:
+    """--check: the series applies exactly to the pinned wheel, and its hashes agree. Writes nothing."""
+    from . import inplace
+
+    with tempfile.TemporaryDirectory(prefix=f"specprof-build-{os.getpid()}-") as work:
+        tree = repack.unpack(source, Path(work) / "tree")
+        log(f"unpack    {tree.name}")
+        apply.apply_series(tree, rel.patches, log, write=False)
+        if not _manifest_agrees(rel, name, source):
+            log(f"manifest  {rel.directory.name} has no {inplace.MANIFEST} (a build writes it; --into needs it)")
+    log(f"check     sglang {rel.version}: {len(rel.patches)} patches apply with zero fuzz and zero offset")
+
+
+def build_wheel(args, rel, name, source, log) -> Path:
+    """The sglang wheel and the analysis wheel into --out (each under a partial name first)."""
+    from . import inplace
+
+    check_out_dir(args.out)
     fetch.sweep(Path(tempfile.gettempdir()), "specprof-build-")  # left by builds that were killed
     fetch.sweep(args.out, f".{BUILD_PARTIAL}")
     with tempfile.TemporaryDirectory(prefix=f"specprof-build-{os.getpid()}-") as work:
         work = Path(work)
         tree = repack.unpack(source, work / "tree")
         log(f"unpack    {tree.name}")
-        apply.apply_series(tree, rel.patches, log, write=not args.check)
-        from . import inplace
-
-        # The upstream hashes of the files the series touches, for --into; --check writes them once.
-        manifest = inplace.manifest_from_wheel(rel, source)
-        mpath = rel.directory / inplace.MANIFEST
-        if mpath.is_file():
-            if mpath.read_text() != manifest:
-                raise BuildError(f"{rel.directory.name}/{inplace.MANIFEST} does not match {name}; "
-                                 f"the series folder and the pin disagree.")
-        elif args.check:
-            mpath.write_text(manifest)
-            log(f"manifest  wrote {mpath.name} ({len(manifest.splitlines())} files)")
-        if args.check:
-            log(f"check     sglang {version}: {len(rel.patches)} patches apply with zero fuzz and zero offset")
-            return None
+        apply.apply_series(tree, rel.patches, log, write=True)
+        if not _manifest_agrees(rel, name, source):  # the upstream hashes of the patched files, for --into
+            manifest = inplace.manifest_from_wheel(rel, source)
+            (rel.directory / inplace.MANIFEST).write_text(manifest)
+            log(f"manifest  wrote {inplace.MANIFEST} ({len(manifest.splitlines())} files)")
         files = release.overlay_files()
         added = apply.copy_overlay(release.OVERLAY, tree, files, log)
-        touched = sorted({f for p in rel.patches for f in apply.hunks(p.read_text())})
-        repack.check_compiles(tree, touched + added)
+        repack.check_compiles(tree, inplace.touched_files(rel) + added)
         repack.add_entry_points(tree, added)
         repack.write_marker(tree, {
-            "upstream_version": version,
+            "upstream_version": rel.version,
             "upstream_artifact": name,
             "upstream_sha256": rel.pin.artifacts[name],
             "series_revision": rel.pin.revision,
@@ -163,7 +192,6 @@ def build(args, log) -> Path | None:
         log(f"tags      {tags}, this interpreter's; for another, where SGLang runs: --python-tag cp312 "
             f"(and --platform ...), or build there")
     log(f"analysis  {lite} (profiles on a machine without SGLang: pip install it, [plot] for --plot)")
-    log(f"done      in {time.monotonic() - t0:.1f} s")
     return final
 
 

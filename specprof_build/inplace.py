@@ -18,7 +18,7 @@ import shutil
 import zipfile
 from pathlib import Path
 
-from . import apply, release
+from . import apply, release, repack
 from .errors import BuildError
 
 MANIFEST = "upstream.sha256"
@@ -44,7 +44,7 @@ def read_manifest(rel: release.Release) -> dict[str, str]:
     path = rel.directory / MANIFEST
     if not path.is_file():
         raise BuildError(f"{rel.directory.name} has no {MANIFEST}; run python build.py --sglang {rel.version} "
-                         f"--check once with network to write it.")
+                         f"once with network to write it.")
     out = {}
     for n, line in enumerate(path.read_text().splitlines(), 1):
         parts = line.split()
@@ -69,7 +69,7 @@ def installed_version(site: Path) -> str:
 
 STATE = "specprof-state"  # inside the .dist-info: the originals, the staged files, the journal
 JOURNAL = "journal.json"
-MARKER = "specprof.json"
+MARKER = repack.MARKER
 OVERLAY_TOPS = ("sglang/specprof", "sglang_specprof")
 
 

@@ -117,6 +117,26 @@ def test_check_writes_nothing(tmp_path, upstream_wheel):
     assert not out.exists()
 
 
+def test_check_writes_nothing_even_into_a_series_without_its_hashes(tmp_path, upstream_wheel, default_release):
+    """--check on a series folder that lacks upstream.sha256 says so and leaves it as it was;
+    a build writes it (what --into checks an installed tree against)."""
+    import shutil
+
+    patches = tmp_path / "patches"
+    shutil.copytree(release.PATCHES, patches)
+    manifest = patches / default_release.directory.name / "upstream.sha256"
+    want = manifest.read_text()
+    manifest.unlink()
+    before = sorted(p.relative_to(patches) for p in patches.rglob("*"))
+    proc = run_build("--check", "--from-wheel", str(upstream_wheel), "--patches", str(patches))
+    assert proc.returncode == 0, proc.stderr
+    assert "has no upstream.sha256 (a build writes it" in proc.stderr
+    assert sorted(p.relative_to(patches) for p in patches.rglob("*")) == before
+    proc = run_build("--from-wheel", str(upstream_wheel), "--patches", str(patches), "--out", str(tmp_path / "d"))
+    assert proc.returncode == 0, proc.stderr
+    assert manifest.read_text() == want
+
+
 def test_hash_mismatch_is_refused_and_leaves_the_cache_clean(tmp_path, default_release):
     name = fetch.choose(default_release.pin)
     wrong = release.Pin(default_release.version, 1, {name: "0" * 64})
