@@ -245,10 +245,35 @@ def main_rebase(argv) -> int:
     return _guarded("build.py rebase", "run it again with --continue or --abort.", run)
 
 
+def upstream_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="build.py upstream",
+        description="Is there an SGLang release the series do not cover, and does the newest series apply to the "
+        "newest release? Writes nothing (the release's wheel goes to a temporary folder unless --cache-dir). "
+        "Exit 0: up to date, or the newest series applies as it is; 3: it does not; 1: the check could not run.")
+    p.add_argument("--from-wheel", metavar="FILE", type=Path, default=None,
+                   help="the newest release's wheel, instead of downloading it (hash-checked against PyPI's list)")
+    p.add_argument("--cache-dir", metavar="DIR", type=Path, default=None, help="keep the download there")
+    p.add_argument("--patches", metavar="DIR", type=Path, default=None, help="the folder of series")
+    return p
+
+
+def main_upstream(argv) -> int:
+    from . import upstream
+
+    args = upstream_parser().parse_args(argv)
+    log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
+    code = []
+    rc = _guarded("build.py upstream", "nothing was written.", lambda: code.append(upstream.main(args, log)))
+    return rc or code[0]
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["rebase"]:
         return main_rebase(argv[1:])
+    if argv[:1] == ["upstream"]:
+        return main_upstream(argv[1:])
     args = parser().parse_args(argv)
     log = (lambda *a, **k: None) if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
 

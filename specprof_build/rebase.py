@@ -14,15 +14,13 @@ import re
 import shutil
 import subprocess
 import time
-import urllib.request
 import zipfile
 from pathlib import Path
 
-from . import export, fetch, hookmap, release
+from . import export, fetch, hookmap, release, upstream
 from .errors import BuildError
 
 WORK = release.ROOT / ".rebase"
-PYPI_SIMPLE = "https://pypi.org/simple/sglang/"  # the simple API, asked for its JSON form
 
 
 def _git(args, cwd, check=True, env_extra=None):
@@ -36,18 +34,11 @@ def _git(args, cwd, check=True, env_extra=None):
 
 def published_pin(version: str, timeout: float = 30) -> release.Pin:
     """The pin of a release as PyPI lists it: every file name and its sha256."""
-    req = urllib.request.Request(PYPI_SIMPLE, headers={"Accept": "application/vnd.pypi.simple.v1+json"})
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            data = json.load(r)
-    except OSError as e:
-        raise BuildError(f"Cannot read PyPI's file list for sglang ({e}); rebase needs the network once.") from None
-    prefix = (f"sglang-{version}-", f"sglang-{version}.tar.gz")
-    arts = {f["filename"]: f["hashes"]["sha256"] for f in data.get("files", [])
-            if f["filename"].startswith(prefix) and not f.get("yanked")}
-    if not arts:
-        raise BuildError(f"PyPI has no files for sglang {version}.")
-    return release.Pin(version=version, revision=1, artifacts=arts)
+        data = upstream.simple_index(timeout)
+    except BuildError as e:
+        raise BuildError(f"{str(e).rstrip('.')}; rebase needs the network once.") from None
+    return upstream.pin_of(data, version)
 
 
 def _unpack_py(wheel: Path, dest: Path) -> None:

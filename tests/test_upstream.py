@@ -1,0 +1,81 @@
+"""build.py upstream: releases the series do not cover, and whether the newest series applies."""
+import hashlib
+import shutil
+
+import pytest
+
+from specprof_build import cli, release, upstream
+
+
+def _file(name, sha="0" * 64, yanked=False):
+    return {"filename": name, "hashes": {"sha256": sha}, "yanked": yanked}
+
+
+def test_releases_from_the_file_list():
+    data = {"files": [_file("sglang-0.5.8-py3-none-any.whl"), _file("sglang-0.5.8.tar.gz"),
+                      _file("sglang-0.5.8.post1-py3-none-any.whl"), _file("sglang-0.5.9rc1-py3-none-any.whl"),
+                      _file("sglang-0.5.10-py3-none-any.whl", yanked=True), _file("sglang-0.5.11.tar.gz"),
+                      _file("sglang_router-0.1.0-py3-none-any.whl"), _file("sglang-0.5.12-cp312-cp312-linux.whl")]}
+    assert upstream.releases(data) == ["0.5.8", "0.5.8.post1", "0.5.11", "0.5.12"]
+    s = upstream.survey(data)
+    assert s["newest_series"] == release.available()[-1]
+    assert "0.5.8.post1" in s["without_series"] and "0.5.8" not in s["without_series"]
+    assert s["newer"] == []
+
+
+def _fake_release(tmp_path, wheel, version, listed=None):
+    """`wheel` published again as `version`: PyPI's list (`listed` releases and it), and its file."""
+    name = wheel.name.replace(wheel.name.split("-")[1], version, 1)
+    copy = tmp_path / name
+    shutil.copyfile(wheel, copy)
+    sha = hashlib.sha256(copy.read_bytes()).hexdigest()
+    return copy, {"files": [_file(f"sglang-{v}-py3-none-any.whl") for v in (listed or release.available())]
+                  + [_file(name, sha)]}
+
+
+def _series(tmp_path, keep):
+    patches = tmp_path / "patches"
+    patches.mkdir()
+    for v in keep:
+        shutil.copytree(release.PATCHES / f"sglang-{v}", patches / f"sglang-{v}")
+    (patches / "default").write_text(keep[-1] + "\n")
+    return patches
+
+
+def _listing(folder):
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
+
+
+def test_a_newer_release_the_newest_series_applies_to(tmp_path, upstream_wheel, default_release, monkeypatch, capsys):
+    wheel, data = _fake_release(tmp_path, upstream_wheel, "9.9.9", [default_release.version])
+    monkeypatch.setattr(upstream, "simple_index", lambda timeout=30: data)
+    patches = _series(tmp_path, [default_release.version])
+    before = _listing(patches)
+    code = cli.main(["upstream", "--patches", str(patches), "--from-wheel", str(wheel)])
+    got = capsys.readouterr()
+    out = got.out
+    assert code == 0, got.err
+    assert f"newer than {default_release.version}: 9.9.9" in out
+    assert f"applies to 9.9.9 exactly: build.py rebase --onto 9.9.9 --from {default_release.version}" in out
+    assert _listing(patches) == before  # wrote nothing
+
+
+def test_a_newer_release_it_does_not_apply_to(tmp_path, upstream_wheel, default_release, monkeypatch, capsys):
+    """The newest series (0.5.23) against a release whose files are 0.5.16's: exit 3, and why."""
+    newest = release.available()[-1]
+    if newest == default_release.version:
+        pytest.skip("needs a series newer than the default release")
+    wheel, data = _fake_release(tmp_path, upstream_wheel, "9.9.9")
+    monkeypatch.setattr(upstream, "simple_index", lambda timeout=30: data)
+    code = cli.main(["upstream", "--from-wheel", str(wheel)])
+    out = capsys.readouterr().out
+    assert code == upstream.BEHIND
+    assert f"the {newest} series does not apply to 9.9.9 as it is (" in out
+    assert f"build.py rebase --onto 9.9.9 --from {newest}, then resolve" in out
+
+
+def test_no_index_is_one_sentence(monkeypatch, capsys):
+    monkeypatch.setattr(upstream, "PYPI_SIMPLE", "http://127.0.0.1:9/simple/sglang/")
+    code = cli.main(["upstream"])
+    err = capsys.readouterr().err
+    assert code == 1 and err.count("build.py upstream: error: Cannot read PyPI's file list for sglang") == 1
