@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
 from pathlib import Path
 
+from . import git
 from .errors import BuildError
 
 _FILE = re.compile(r"^diff --git a/(\S+) b/(\S+)$", re.M)
@@ -29,10 +29,7 @@ def hunks(patch_text: str) -> dict[str, list[int]]:
 
 
 def _git(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    if shutil.which("git") is None:
-        raise BuildError("git is not installed; build.py applies patches with git apply.")
-    env = dict(os.environ, GIT_CEILING_DIRECTORIES=str(cwd.resolve().parent), LC_ALL="C")
-    return subprocess.run(["git", *args], cwd=cwd, env=env, capture_output=True, text=True)
+    return git.run(args, cwd)
 
 
 _UNSAFE_MODE = re.compile(r"^(?:new file mode|new mode|old mode|deleted file mode) 120000$", re.M)

@@ -2,27 +2,18 @@
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
+from . import git
 from .errors import BuildError
 
 FORMAT_PATCH = ["format-patch", "--zero-commit", "--full-index", "--no-signature", "--no-stat",
                 "--keep-subject", "--stdout"]
-# Commits made by the tools carry this identity and date, so an export changes no byte
-# unless a patch's content or message changed.
-IDENTITY = {
-    "GIT_AUTHOR_NAME": "sglang-specprof",
-    "GIT_AUTHOR_EMAIL": "sglang-specprof@users.noreply.github.com",
-    "GIT_COMMITTER_NAME": "sglang-specprof",
-    "GIT_COMMITTER_EMAIL": "sglang-specprof@users.noreply.github.com",
-    "GIT_AUTHOR_DATE": "2020-01-01T00:00:00Z",
-    "GIT_COMMITTER_DATE": "2020-01-01T00:00:00Z",
-}
+IDENTITY = git.IDENTITY  # the tools' commits: this identity and date (git.py)
 
 
 def export_commit(repo: Path, commit: str) -> str:
-    proc = subprocess.run(["git", *FORMAT_PATCH, "-1", commit], cwd=repo, capture_output=True, text=True)
+    proc = git.run([*FORMAT_PATCH, "-1", commit], repo)
     if proc.returncode != 0:
         raise BuildError(f"git format-patch failed for {commit}: {proc.stderr.strip()}.")
     return proc.stdout

@@ -12,24 +12,18 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import time
 import zipfile
 from pathlib import Path
 
-from . import export, fetch, hookmap, release, upstream
+from . import export, fetch, git, hookmap, release, upstream
 from .errors import BuildError
 
 WORK = release.ROOT / ".rebase"
 
 
-def _git(args, cwd, check=True, env_extra=None):
-    env = dict(os.environ, GIT_CEILING_DIRECTORIES=str(Path(cwd).resolve().parent), LC_ALL="C",
-               GIT_EDITOR="true", **export.IDENTITY, **(env_extra or {}))
-    proc = subprocess.run(["git", *args], cwd=cwd, env=env, capture_output=True, text=True)
-    if check and proc.returncode != 0:
-        raise BuildError(f"git {args[0]} failed in {cwd}: {(proc.stderr or proc.stdout).strip().splitlines()[-1:]}.")
-    return proc
+def _git(args, cwd, check=True):
+    return git.run(args, cwd, check)
 
 
 def published_pin(version: str, timeout: float = 30) -> release.Pin:

@@ -116,3 +116,26 @@ def test_a_symlink_in_the_tree_stops_the_build_before_any_chmod(tmp_path):
     with pytest.raises(BuildError, match="is a symlink"):
         repack.normalize_modes(tree)
     assert outside.stat().st_mode & 0o777 == 0o600
+
+
+def test_every_git_call_goes_through_one_environment(tmp_path, monkeypatch):
+    """apply, export and rebase call git through specprof_build/git.py: the C locale, no
+    repository above the work folder, the tools' identity; without git, one sentence."""
+    import subprocess as sp
+
+    from specprof_build import git
+
+    repo = tmp_path / "r"
+    (repo / "inner").mkdir(parents=True)
+    sp.run(["git", "init", "-q", str(tmp_path)], check=True)  # a repository around the work folder
+    proc = git.run(["rev-parse", "--show-toplevel"], repo / "inner")
+    assert proc.returncode != 0 and "not a git repository" in proc.stderr  # the one above is not used
+    git.run(["init", "-q"], repo, check=True)
+    (repo / "f").write_text("x\n")
+    git.run(["add", "f"], repo, check=True)
+    git.run(["commit", "-q", "-m", "one"], repo, check=True)
+    who = git.run(["log", "-1", "--format=%an %ae %ad", "--date=iso-strict"], repo, check=True).stdout.strip()
+    assert who == "sglang-specprof sglang-specprof@users.noreply.github.com 2020-01-01T00:00:00+00:00"
+    monkeypatch.setattr(git.shutil, "which", lambda name: None)
+    with pytest.raises(BuildError, match="^git is not installed; build.py applies and rebases the patches with git.$"):
+        git.run(["status"], repo)
