@@ -7,6 +7,7 @@ SPECPROF_IMPORT_PYTHON); each release's own pins go into a folder of their own
 fresh folder, comes first on the path.
 """
 import functools
+import hashlib
 import json
 import os
 import re
@@ -42,14 +43,16 @@ def base_python():
 
 @functools.lru_cache(maxsize=None)
 def release_extras(version):
-    """A folder with the release's own pins (and their dependencies), first on the path."""
+    """A folder with the release's own pins (and their dependencies), first on the path; the
+    releases that pin the same versions share one (made once for the group)."""
     requirements = ROOT / "tests" / f"requirements-cpu-import-{version}.txt"
-    folder = ROOT / ".cache" / f"cpu-import-extra-{version}"
+    pins = "".join(ln + "\n" for ln in requirements.read_text().splitlines() if ln and not ln.startswith("#"))
+    folder = ROOT / ".cache" / f"cpu-import-extra-{hashlib.sha256(pins.encode()).hexdigest()[:12]}"
     stamp = folder / ".requirements.txt"
-    if not (stamp.exists() and stamp.read_text() == requirements.read_text()):
+    if not (stamp.exists() and stamp.read_text() == pins):
         subprocess.run([base_python(), "-m", "pip", "install", "-q", "--upgrade", "--target", str(folder),
                         "-r", str(requirements)], check=True)
-        stamp.write_text(requirements.read_text())
+        stamp.write_text(pins)
     return str(folder)
 
 
