@@ -213,10 +213,10 @@ def rebase_parser() -> argparse.ArgumentParser:
 
 
 def _guarded(prog: str, on_interrupt: str, fn) -> int:
-    """Run fn; a BuildError is one sentence and exit 1, an interrupt exit 130."""
+    """Run fn (its result, when it returns one, is the exit code; else 0); a BuildError is
+    one sentence and exit 1, an interrupt exit 130."""
     try:
-        fn()
-        return 0
+        return fn() or 0
     except BuildError as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 1
@@ -263,9 +263,7 @@ def main_upstream(argv) -> int:
 
     args = upstream_parser().parse_args(argv)
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
-    code = []
-    rc = _guarded("build.py upstream", "nothing was written.", lambda: code.append(upstream.main(args, log)))
-    return rc or code[0]
+    return _guarded("build.py upstream", "nothing was written.", lambda: upstream.main(args, log))
 
 
 def main(argv=None) -> int:

@@ -13,10 +13,9 @@ import os
 import re
 import shutil
 import time
-import zipfile
 from pathlib import Path
 
-from . import export, fetch, git, hookmap, release, upstream
+from . import export, fetch, git, hookmap, release, repack, upstream
 from .errors import BuildError
 
 WORK = release.ROOT / ".rebase"
@@ -33,14 +32,6 @@ def published_pin(version: str, timeout: float = 30) -> release.Pin:
     except BuildError as e:
         raise BuildError(f"{str(e).rstrip('.')}; rebase needs the network once.") from None
     return upstream.pin_of(data, version)
-
-
-def _unpack_py(wheel: Path, dest: Path) -> None:
-    """The release's sglang/*.py files, which are all a series may touch."""
-    with zipfile.ZipFile(wheel) as z:
-        for info in z.infolist():
-            if info.filename.startswith("sglang/") and info.filename.endswith(".py"):
-                z.extract(info, dest)
 
 
 def _clear_tree(work: Path) -> None:
@@ -142,7 +133,7 @@ def rebase_trees(old: release.Release, old_wheel: Path, new_pin: release.Pin, ne
         # byte-compiling a file while resolving a conflict must not put .pyc files into a patch
         (work / ".git" / "info").mkdir(parents=True, exist_ok=True)
         (work / ".git" / "info" / "exclude").write_text("__pycache__/\n*.pyc\n")
-        _unpack_py(old_wheel, work)
+        repack.unpack_sources(old_wheel, work)
         _git(["add", "-A"], work)
         _git(["commit", "-q", "-m", f"upstream {from_version}"], work)
         _git(["tag", f"upstream-{from_version}"], work)
@@ -159,7 +150,7 @@ def rebase_trees(old: release.Release, old_wheel: Path, new_pin: release.Pin, ne
         _git(["checkout", "-q", "--orphan", "upstream-new"], work)
         _git(["rm", "-rq", "--cached", "."], work)
         _clear_tree(work)
-        _unpack_py(new_wheel, work)
+        repack.unpack_sources(new_wheel, work)
         _git(["add", "-A"], work)
         _git(["commit", "-q", "-m", f"upstream {onto}"], work)
         _git(["tag", f"upstream-{onto}"], work)
@@ -225,7 +216,7 @@ def roundtrip(version: str, cache: Path) -> list[str]:
         work = Path(tmp) / "tree"
         work.mkdir()
         _git(["init", "-q"], work)
-        _unpack_py(wheel, work)
+        repack.unpack_sources(wheel, work)
         _git(["add", "-A"], work)
         _git(["commit", "-q", "-m", f"upstream {version}"], work)
         changed = []

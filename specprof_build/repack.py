@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 from .errors import BuildError
@@ -29,6 +30,14 @@ def unpack(wheel_file: Path, dest: Path) -> Path:
     if len(trees) != 1:
         raise BuildError(f"{wheel_file.name} did not unpack into one folder.")
     return trees[0]
+
+
+def unpack_sources(wheel_file: Path, dest: Path) -> None:
+    """The release's sglang/*.py files only, which are all a series may touch."""
+    with zipfile.ZipFile(wheel_file) as z:
+        for info in z.infolist():
+            if info.filename.startswith("sglang/") and info.filename.endswith(".py"):
+                z.extract(info, dest)
 
 
 def dist_info(tree: Path) -> Path:

@@ -15,12 +15,11 @@ import json
 import re
 import tempfile
 import urllib.request
-import zipfile
 from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
-from . import apply, fetch, release
+from . import apply, fetch, release, repack
 from .errors import BuildError
 
 PYPI_SIMPLE = "https://pypi.org/simple/sglang/"  # the simple API, asked for its JSON form
@@ -80,8 +79,7 @@ def applies(rel: release.Release, wheel: Path) -> str | None:
     """None where every patch of the series applies exactly to the wheel's files, else why not."""
     with tempfile.TemporaryDirectory(prefix="specprof-upstream-") as work:
         tree = Path(work)
-        with zipfile.ZipFile(wheel) as z:  # the files a series may touch: sglang's sources
-            z.extractall(tree, [n for n in z.namelist() if n.startswith("sglang/") and n.endswith(".py")])
+        repack.unpack_sources(wheel, tree)
         try:
             apply.apply_series(tree, rel.patches, log=lambda m: None, write=False)
         except BuildError as e:

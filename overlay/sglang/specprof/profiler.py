@@ -697,20 +697,21 @@ class Profiler(NullProfiler):
         # after a prefill, or after the server sat idle, there is none to measure. On the GPU
         # it is the previous cycle's work and the GPU time between the two; on the host it
         # also holds whatever the scheduler waited for meanwhile (a prefill's results).
-        adjacent = p is not None and p.seq == s.seq - 1
+        # GPU time from the cycle just before (read once; None when that one was not timed)
+        since = el(p.events[p.n - 1], ev[0]) if p is not None and p.seq == s.seq - 1 else None
         beside = None
-        if adjacent and p.kind == "decode" and s.kind == "decode":
-            gap = el(p.events[p.n - 1], ev[0])
+        if since is not None and p.kind == "decode" and s.kind == "decode":
+            gap = since
             gpu_period = p.span + gap
             period = (h0 - p.host[0]) * 1000.0
         elif s.kind == "prefill":
-            if adjacent:
-                self.prefill_chain.append((el(p.events[p.n - 1], ev[0]), p.kind == "decode"))
+            if since is not None:
+                self.prefill_chain.append((since, p.kind == "decode"))
             self.prefill_chain_bs += s.bs
         elif self.prefill_chain_bs:  # the first decode cycle after prefills
             chain = self.prefill_chain
-            if adjacent:
-                chain.append((el(p.events[p.n - 1], ev[0]), False))
+            if since is not None:
+                chain.append((since, False))
             busy = s.bs > self.prefill_chain_bs  # requests from before the prefills still run
             beside = sum(g for g, after_decode in chain if busy or not after_decode)
             self.prefill_chain = []
