@@ -215,7 +215,7 @@ def serve(n_cycles, backend):
     capture first); returns the 'tokens' it produced, which must not depend on the profiler."""
     tokens = []
     backend.capture = True
-    hooks.P.capture_begin(("g", 1))
+    hooks.P.capture_begin("g", 1)
     for s in range(4):
         hooks.P.draft_step(s)
     backend.capture = False
@@ -223,10 +223,11 @@ def serve(n_cycles, backend):
     for i in range(n_cycles):
         hooks.P.begin("decode", 1)
         hooks.P.mark("draft_prep")
-        hooks.P.graph_replay(("g", 1))
+        hooks.P.draft_replay_begin("g", 1)
         for s in range(4):
             hooks.P.draft_step(s)
-        hooks.P.mark("draft")
+        hooks.P.draft_replay_end()
+        hooks.P.draft_end()
         hooks.P.graph("draft", True, None)
         hooks.P.mark("verify")
         hooks.P.end()

@@ -107,11 +107,11 @@ def test_between_samples_the_hot_path_is_the_plain_one(rig):
     for i in range(40):
         cycle(p, ft)
         st = p.kernels.state
-        wrapped = {n for n in ("begin", "mark", "end", "graph_replay", "graph_replayed") if n in p.__dict__}
+        wrapped = {n for n in ("begin", "mark", "end", "draft_replay_begin", "draft_replay_end") if n in p.__dict__}
         if st == "idle":
             assert not wrapped, (i, wrapped)
         elif st == "running":
-            assert wrapped == {"begin", "mark", "end", "graph_replay", "graph_replayed"}
+            assert wrapped == {"begin", "mark", "end", "draft_replay_begin", "draft_replay_end"}
     p.flush()
     assert p.kernels.samples >= 3
     assert all("error" not in w["kernels"] for w in out if w.get("kernels"))

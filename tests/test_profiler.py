@@ -239,11 +239,11 @@ def test_fixed_acceptance_gives_one_one_zero(fake):
 def captured_graph(p, b, key, steps):
     """Capture: the draft runner names the graph, draft_forward records one event per step."""
     b.capture = True
-    p.capture_begin(key)
+    p.capture_begin(*key)  # the runner and its batch size
     evs = []
     for i in range(steps + 1):
         p.draft_step(i)
-    evs = list(p.step_events[key])
+    evs = list(p.graphs.step_events[p.graphs.key(*key)])
     b.capture = False
     b.host += 0.25  # the capture took 250 ms of host time
     p.capture_end()
@@ -264,12 +264,12 @@ def graph_cycle(p, b, key, evs, step_ms):
     b.advance(0.3)
     p.mark("draft_prep")
     b.advance(0.25)  # the graph runner copies the inputs and sets the attention metadata
-    p.graph_replay(key)
+    p.draft_replay_begin(*key)
     replay(b, evs, step_ms)
     b.advance(sum(step_ms))
-    p.graph_replayed()
+    p.draft_replay_end()
     b.advance(0.05)  # the runner hands the replay's outputs back
-    p.mark("draft")
+    p.draft_end()
     p.graph("draft", True, type("R", (), {"bs": 2})())
     b.advance(6.0)
     p.mark("verify")
@@ -353,9 +353,10 @@ def test_null_profiler_is_the_default_and_does_nothing():
     n.mark("verify")
     n.draft_step(0)
     n.graph("draft", True, None)
-    n.graph_replay(("g", 1))
-    n.graph_replayed()
-    n.capture_begin(("g", 1))
+    n.draft_replay_begin("g", 1)
+    n.draft_replay_end()
+    n.draft_end()
+    n.capture_begin("g", 1)
     n.capture_end()
     n.end()
     n.harvest([1])

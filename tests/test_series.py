@@ -102,3 +102,38 @@ def test_an_unsupported_release_names_the_nearest_and_rebases_from_the_older(ver
         release.load(version)
     msg = str(e.value)
     assert near in msg and msg.endswith(f"run: python build.py rebase --onto {version} --from {start}")
+
+
+def test_every_hook_in_every_series_is_one_the_profiler_has():
+    """Each call a series adds into the profiler names a hook the profiler has, with the
+    arguments it takes, and each phase it marks is one the profile schema knows."""
+    import ast
+    import inspect
+    import re
+    from pathlib import Path
+
+    import fakes  # noqa: F401  (puts the overlay on the path)
+    from sglang.specprof.profiler import NullProfiler, Profiler
+    from sglang_specprof.schema import PHASES
+
+    root = Path(__file__).resolve().parent.parent / "patches"
+    seen = set()
+    for patch in sorted(root.glob("sglang-*/*.patch")):
+        for line in patch.read_text().splitlines():
+            m = re.search(r"specprof\.P\.(\w+)\((.*)\)\s*$", line)
+            if not line.startswith("+") or not m:
+                continue
+            name, args = m.group(1), m.group(2)
+            where = f"{patch.parent.name}/{patch.name}: {line[1:].strip()}"
+            assert callable(getattr(NullProfiler, name, None)), where
+            call = ast.parse(f"f({args})", mode="eval").body
+            for sig in (inspect.signature(getattr(NullProfiler, name)), inspect.signature(getattr(Profiler, name))):
+                sig.bind(None, *call.args)  # raises TypeError: the hook takes other arguments
+            if name == "mark":
+                (arg,) = call.args
+                assert isinstance(arg, ast.Constant) and arg.value in PHASES, where
+                seen.add(arg.value)
+            seen.add(name)
+    # the hooks a v2 series needs all appear somewhere
+    assert {"begin", "end", "draft_end", "draft_replay_begin", "draft_replay_end", "capture_begin", "harvest",
+            "commit_begin", "commit_end", "verify", "accept"} <= seen

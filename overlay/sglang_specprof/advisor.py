@@ -150,6 +150,23 @@ def inputs_from_bucket(bucket: dict, steps: int, growth: Growth | None = None) -
     return inp
 
 
+def window_advice(summary: dict) -> dict:
+    """The advisor's result for each bucket of one live window (predicted from that bucket
+    alone), keyed by bucket; a bucket it cannot judge is left out. Never raises."""
+    steps = (summary.get("config") or {}).get("num_steps")
+    out = {}
+    if not steps:
+        return out
+    for key, b in (summary.get("buckets") or {}).items():
+        try:
+            inp = inputs_from_bucket(b, steps)
+            if inp is not None:
+                out[key] = predict(inp)
+        except Exception:
+            pass
+    return out
+
+
 def _solve(a: list[list[float]], b: list[float]) -> list[float] | None:
     """Gaussian elimination with partial pivoting; None if singular."""
     n = len(b)

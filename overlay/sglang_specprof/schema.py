@@ -16,6 +16,12 @@ import json
 
 SCHEMA = "sglang-specprof/2"
 READS = ("sglang-specprof/1", SCHEMA)  # what a reader takes: this version and the one before
+# The names of a cycle's phases: the series' `mark(name)` calls close these, and the profiler
+# itself closes `draft_inputs`, `draft` and `draft_outputs` around a draft graph replay
+# (`draft_end()` closes `draft` when the draft ran eagerly). tests/test_series.py checks
+# every series against this list.
+PHASES = ("target_extend", "draft_prep", "draft_inputs", "draft", "draft_outputs", "tree", "verify_prep", "verify",
+          "accept", "free_kv", "draft_extend_prep", "draft_extend", "draft_extend_post")
 
 _TOP = {
     "schema": str, "window": int, "rank": int, "time": (int, float), "config": dict,

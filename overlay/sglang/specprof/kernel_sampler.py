@@ -26,7 +26,8 @@ logger = logging.getLogger("sglang.specprof")
 
 CYCLES = 4  # decode cycles per sample, after one of context: the stop costs about 12 ms a cycle recorded
 WAIT_CYCLES = 64  # cycles the stretch's last event may take to complete before the sample is given up
-MARKING = ("mark", "graph_replay", "graph_replayed")  # the profiler's methods that record a phase mark
+MARKING = ("mark", "draft_replay_begin", "draft_replay_end")  # the profiler's methods that record a phase mark
+# (draft_end records through mark)
 
 
 class KernelSampler:

@@ -6,7 +6,7 @@ gauge set here.
 
 from __future__ import annotations
 
-from sglang_specprof.advisor import inputs_from_bucket, predict
+from sglang_specprof.advisor import window_advice
 
 # name: (help, labels beyond the sink's own)
 GAUGES = {
@@ -30,9 +30,10 @@ GAUGES = {
 
 
 class MetricsSink:
-    def __init__(self, labels: dict, registry=None):
+    def __init__(self, labels: dict, registry=None, advice=None):
         from prometheus_client import REGISTRY, Gauge
 
+        self.advice = window_advice if advice is None else advice  # summary -> {bucket: advisor's result}
         self.labels = {k: str(v) for k, v in labels.items()}
         names = list(self.labels)
         reg = REGISTRY if registry is None else registry
@@ -48,7 +49,7 @@ class MetricsSink:
         for kind, key in (("decode", "seconds"), ("prefill", "prefill_seconds"),
                           ("beside_prefill", "beside_prefill_seconds")):
             self._set("sglang:specprof_window_seconds", s.get(key), kind=kind)
-        steps = (s.get("config") or {}).get("num_steps")
+        advice = self.advice(s)
         for key, b in s.get("buckets", {}).items():
             if not b.get("cycles"):
                 continue
@@ -62,8 +63,7 @@ class MetricsSink:
             self._set("sglang:specprof_bucket_tokens_per_s", b.get("tokens_per_s"), bucket=key)
             for i, a in enumerate(b["accept"]["per_position"], 1):
                 self._set("sglang:specprof_position_accept_rate", a, bucket=key, position=str(i))
-            inp = inputs_from_bucket(b, steps) if steps else None
-            if inp is not None:
-                adv = predict(inp)
+            adv = advice.get(key)
+            if adv is not None:
                 self._set("sglang:specprof_advisor_best_steps", adv["best"], bucket=key)
                 self._set("sglang:specprof_advisor_expected_gain", adv.get("expected_gain"), bucket=key)

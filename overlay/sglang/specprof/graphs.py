@@ -1,0 +1,91 @@
+"""The draft CUDA graphs' step times: events recorded during capture, read around replays.
+
+`draft_step(i)` under capture records an external event, which becomes an event node of
+the graph: every replay rewrites it. So a replay's step times must be read before the next
+replay of the same graph is launched (`replay`), or by the reader once the cycle's events
+completed (`read`), whichever comes first; `lock` keeps the two from reading one slot at
+once. A graph is named by its runner, its batch size and the runner's variant (the series
+pass them; the key is built here).
+"""
+
+from __future__ import annotations
+
+import threading
+
+
+class DraftGraphs:
+    def __init__(self, backend, clock):
+        self.backend = backend
+        self.clock = clock
+        self.step_events: dict = {}  # graph key -> [external events recorded during capture]
+        self.capturing = None  # the key of the graph being captured
+        self._t0 = 0.0
+        self.replays: dict = {}  # graph key -> replay count
+        self.last_replay: dict = {}  # graph key -> the slot of its last replay
+        self.lock = threading.Lock()
+        self.lost = 0  # replays whose step times were rewritten before they were read
+        self.capture_s: dict = {}  # "draft" -> {batch size: seconds}
+
+    @staticmethod
+    def key(runner, bs, variant=None):
+        return (id(runner), bs, variant)
+
+    def capture_begin(self, runner, bs, variant=None):
+        self.capture_done()
+        self.capturing = self.key(runner, bs, variant)
+        self._t0 = self.clock()
+
+    def capture_done(self):
+        k = self.capturing
+        if k is not None:
+            self.capturing = None
+            self.capture_s.setdefault("draft", {})[str(k[1])] = round(self.clock() - self._t0, 4)
+
+    def captured_step(self, i):
+        """Inside draft_forward during capture: one event node per step boundary."""
+        key = self.capturing
+        if key is None:
+            return
+        evs = self.step_events.setdefault(key, [])
+        if i == 0:
+            evs.clear()
+        ev = self.backend.new_event(external=True)
+        self.backend.record_captured(ev)
+        evs.append(ev)
+
+    def replay(self, key, s):
+        """Just before a replay of `key`: the previous replay's step times are read now, before
+        this one rewrites them; `s` (the cycle's slot, or None when its steps are not kept)
+        takes this replay."""
+        if key not in self.step_events:
+            return
+        with self.lock:
+            prev = self.last_replay.get(key)
+            n = self.replays.get(key, 0)
+            if prev is not None and prev.steps_key == key and prev.steps_replay == n and prev.steps_ms is None:
+                self._read(prev)
+            self.replays[key] = n + 1
+            if s is not None:
+                s.steps_key = key
+                s.steps_replay = n + 1
+                s.steps_ms = None
+                self.last_replay[key] = s
+
+    def read(self, s) -> list:
+        """Reader: the step times of the replay `s` ran ([] if a later replay came first)."""
+        with self.lock:
+            if s.steps_ms is None and s.steps_replay == self.replays.get(s.steps_key, 0):
+                self._read(s)
+            return s.steps_ms or []
+
+    def _read(self, s):
+        evs = self.step_events[s.steps_key]
+        b = self.backend
+        if b.query_captured(evs[-1]):
+            s.steps_ms = [b.elapsed_captured(x, y) for x, y in zip(evs, evs[1:])]
+        else:
+            s.steps_ms = []
+            self.lost += 1
+
+    def total_replays(self) -> int:
+        return sum(self.replays.values())
