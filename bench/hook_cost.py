@@ -12,7 +12,8 @@ That is the most the profiler can slow a cycle whose host work is on the critica
 the v2 scheduler waits there for the GPU, so the reader's work can fall there. `--buckets`
 spreads the cycles over that many batch-size buckets (a window close costs more with more).
 
-    python bench/hook_cost.py [--cycles 5000] [--reps 7] [--cpu] [--threaded --wait-us 2000] [--phases-every K] [--ctx tensor]
+    python bench/hook_cost.py [--cycles 5000] [--reps 7] [--cpu] [--threaded --wait-us 2000 [--wait-kind cuda]]
+                              [--phases-every K] [--ctx tensor]
 """
 import argparse
 import json
@@ -88,7 +89,26 @@ def gpu_wait(seconds):
         hashlib.sha256(_BUF).digest()
 
 
-def run(p, cycles, sync, bs=8, buckets=1, wait_s=0.0, ctx=None):
+def cuda_wait_fn():
+    """The scheduler's own kind of wait: a kernel that runs for the given time on the stream,
+    then a synchronisation (which releases the GIL, and in which the driver polls)."""
+    import torch
+
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    torch.cuda._sleep(10 ** 6)
+    stop.record()
+    stop.synchronize()
+    per_s = 10 ** 6 / (start.elapsed_time(stop) / 1000.0)  # sleep cycles a second
+
+    def wait(seconds):
+        torch.cuda._sleep(int(seconds * per_s))
+        torch.cuda.current_stream().synchronize()
+
+    return wait
+
+
+def run(p, cycles, sync, bs=8, buckets=1, wait_s=0.0, ctx=None, wait=gpu_wait):
     """Microseconds inside the hooks for each cycle (the wait for the GPU not counted).
     `ctx(n)`: what `begin` is given as the batch's sequence lengths (default the number 8000)."""
     reqs = {n: [Req() for _ in range(n)] for n in BUCKET_BS}
@@ -108,7 +128,7 @@ def run(p, cycles, sync, bs=8, buckets=1, wait_s=0.0, ctx=None):
         p.end()
         spent = clock() - t
         if wait_s:  # v2: after launching a cycle the scheduler waits for the one before
-            gpu_wait(wait_s)
+            wait(wait_s)
         t = clock()
         p.harvest(correct)
         p.commit_begin(rs)
@@ -131,6 +151,9 @@ def main():
     ap.add_argument("--threaded", action="store_true", help="fold and close windows on the helper thread")
     ap.add_argument("--wait-us", type=float, default=0.0,
                     help="between end and harvest, spin this long with the GIL released (the GPU wait), untimed")
+    ap.add_argument("--wait-kind", choices=["spin", "cuda"], default="spin",
+                    help="how --wait-us waits: spin hashing in C with the GIL released (default), or, on a GPU, a "
+                    "kernel of that length and a stream synchronisation, as the scheduler waits")
     ap.add_argument("--torch-events", action="store_true", help="torch's events, not cuda.bindings")
     ap.add_argument("--phases-every", type=int, default=4, metavar="K",
                     help="time the phases in one cycle of K, as --speculative-profile-phases-every (default 4; "
@@ -159,6 +182,10 @@ def main():
     off = NullProfiler()
     ctx = a.ctx or ("number" if a.cpu else "tensor")
     kw = dict(bs=a.bs, buckets=a.buckets, wait_s=a.wait_us / 1e6)
+    if a.wait_kind == "cuda":
+        if a.cpu:
+            ap.error("--wait-kind cuda needs a GPU (not --cpu)")
+        kw["wait"] = cuda_wait_fn()
     if ctx == "tensor":
         import torch
 
@@ -183,7 +210,7 @@ def main():
     out["on_p99_us"] = round(statistics.median(t[0] for t in tails["on"]), 2)
     out["on_max_us"] = round(max(t[1] for t in tails["on"]), 1)
     out["runs_us"] = {k: [round(x, 2) for x in v] for k, v in res.items()}
-    out.update(device=device or "cpu", events=getattr(backend, "kind", "none"), threaded=a.threaded, wait_us=a.wait_us, buckets=a.buckets, bs=a.bs,
+    out.update(device=device or "cpu", events=getattr(backend, "kind", "none"), threaded=a.threaded, wait_us=a.wait_us, wait_kind=a.wait_kind, buckets=a.buckets, bs=a.bs,
                phases_every=a.phases_every, ctx=ctx)
     print(json.dumps(out))
 
