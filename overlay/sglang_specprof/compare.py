@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import math
 
+from .window import bucket_order
+
 MIN_WINDOWS = 3
 NO_CHANGE_ABS = 0.0005  # below the 3 decimals printed
 NO_CHANGE_REL = 0.001
@@ -97,7 +99,7 @@ def settings_differ(a: list[dict], b: list[dict]) -> dict:
 
 
 def compare(a: list[dict], b: list[dict]) -> dict:
-    order = lambda k: int(k.split("-")[0])  # noqa: E731
+    order = bucket_order
     ka = {k for w in a for k, bk in w["buckets"].items() if bk["cycles"]}
     kb = {k for w in b for k, bk in w["buckets"].items() if bk["cycles"]}
     out = {"settings_differ": settings_differ(a, b), "buckets": {}, "only_in": {},

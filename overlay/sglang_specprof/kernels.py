@@ -29,11 +29,11 @@ from __future__ import annotations
 import functools
 import re
 
-from .window import bucket_of
+from .window import GRAPH_KINDS, bucket_of
 
 PREFIX = "specprof/"
 CLASSES = ("gemm", "attention", "communication", "sampling", "copy", "other")
-FORWARD_PHASES = ("draft", "verify", "draft_extend")
+FORWARD_PHASES = GRAPH_KINDS  # the phases that are one forward each
 TRACK_CYCLES = 2  # cycles whose kernels go into the window one by one (for the trace)
 NAME_CHARS = 160  # kernel names as the window keeps them (C++ templates run to thousands)
 

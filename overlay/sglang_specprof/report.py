@@ -195,7 +195,7 @@ def _sum_into(out: list, xs) -> None:
 class _Bucket:
     """One batch-size bucket of a profile, its windows' buckets added one at a time."""
 
-    GRAPHS = ("draft", "verify", "draft_extend")
+    GRAPHS = window.GRAPH_KINDS
 
     def __init__(self):
         self.cycles = self.prefill_cycles = 0
@@ -330,7 +330,7 @@ class Merge:
         for key, b in w["buckets"].items():
             acc = self.buckets.get(key)
             if acc is None:
-                int(key.split("-")[0])  # a key that is no batch size is refused here
+                window.bucket_order(key)  # a key that is no batch size is refused here
                 acc = self.buckets[key] = _Bucket()
             acc.add(b)
             self.committed += b["accept"]["committed_tokens"]
@@ -362,7 +362,7 @@ class Merge:
                 "decode_cycles": self.decode_cycles, "seconds": _r(busy),
                 "tokens_per_s": _r(self.committed / busy) if busy else None,
                 **{k: (v if k == "admissions" else _r(v)) for k, v in self.beside.items()},
-                "buckets": {k: self.buckets[k].result() for k in sorted(self.buckets, key=lambda k: int(k.split("-")[0]))},
+                "buckets": {k: self.buckets[k].result() for k in sorted(self.buckets, key=window.bucket_order)},
                 "verify_points": self.points,
                 **self.lost,
                 "kernels": kernels.merge(self.kernels)}

@@ -47,6 +47,14 @@ class Cycle:
     beside_prefill_ms: float | None = None
 
 
+GRAPH_KINDS = ("draft", "verify", "draft_extend")  # the forwards that replay a CUDA graph or run eager
+
+
+def bucket_order(key: str) -> int:
+    """The sort key of a bucket's name: its smallest batch size."""
+    return int(key.split("-")[0])
+
+
 def bucket_of(bs: int) -> str:
     """1, 2, 3-4, 5-8, 9-16, ...: powers of two, so a bucket's cycles cost about the same."""
     if bs <= 2:
@@ -144,7 +152,7 @@ class Bucket:
         self.drain_cycles = 0  # cycles run after all their requests had finished: not decode time
         self.pauses = Series()  # cycles the garbage collector paused, and for how long
         self.candidates: list[tuple[float, list]] = []  # (longest host-bound phase, phases) of possible stalls
-        self.graph_replays = {"draft": 0, "verify": 0, "draft_extend": 0}
+        self.graph_replays = dict.fromkeys(GRAPH_KINDS, 0)
         self.padding = Series()
         self.prefill_gpu: dict[str, Series] = {}
         self.beside_prefill = Series()  # GPU time around the prefills before one of this bucket's cycles
@@ -390,7 +398,7 @@ class Window:
         """Tokens/s: committed tokens over the time the decode cycles took (idle time excluded).
         `pause`: called between buckets (the folder's thread gives the GIL back there)."""
         buckets = {}
-        for key in sorted(self.buckets, key=lambda k: int(k.split("-")[0])):
+        for key in sorted(self.buckets, key=bucket_order):
             buckets[key] = self.buckets[key].summary(num_steps)
             if pause is not None:
                 pause()

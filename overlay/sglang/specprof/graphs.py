@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import threading
 
+MAX_STEP_MARKS = 64  # eager draft-step marks a cycle may hold (steps + 1), apart from the phase marks
+
 
 class DraftGraphs:
     def __init__(self, backend, clock):
@@ -89,3 +91,92 @@ class DraftGraphs:
 
     def total_replays(self) -> int:
         return sum(self.replays.values())
+
+
+class GraphHooks:
+    """The profiler's hooks around the draft graphs and the forwards' graph use (a part of
+    `Profiler`: they use its current slot, its `_record` and its `graphs`)."""
+
+    def draft_step(self, i):
+        """Inside draft_forward: under capture, an external event node; eager, a plain event."""
+        try:
+            if self.backend.capturing():
+                self.graphs.captured_step(i)
+                return
+            s = self.cur
+            if s is None or not s.detail:
+                return
+            if i == 0:
+                s.ns = 0  # a draft that ran again in the same cycle: its steps replace the first's
+            s.eager_steps = True
+            n = s.ns
+            if n == len(s.step_events):
+                if n >= MAX_STEP_MARKS:
+                    self.marks_lost += 1
+                    return
+                s.step_events.append(self.backend.new_event())
+            self.backend.record(s.step_events[n])
+            s.ns = n + 1
+        except Exception as e:
+            self._fail(e)
+
+    def capture_begin(self, runner, bs, variant=None):
+        """The draft graph runner starts capturing its graph for `bs` (and `variant`)."""
+        try:
+            self.graphs.capture_begin(runner, bs, variant)
+        except Exception as e:
+            self._fail(e)
+
+    def capture_end(self):
+        """The draft graph runner captured its last graph."""
+        try:
+            self.graphs.capture_done()
+        except Exception as e:
+            self._fail(e)
+
+    def graph(self, which, used, runner=None):
+        """After a forward: did `which` replay a CUDA graph, and at what padded batch size."""
+        s = self.cur
+        if s is None:
+            return
+        try:
+            if used:
+                g = s.graph
+                if g is None:
+                    g = s.graph = {}
+                g[which] = True
+                padded = getattr(runner, "bs", 0) or 0
+                if padded > g.get("padded_bs", 0):
+                    g["padded_bs"] = padded
+            else:
+                self.eager[which] = self.eager.get(which, 0) + 1
+        except Exception as e:
+            self._fail(e)
+
+    def draft_replay_begin(self, runner, bs, variant=None):
+        """Just before a draft graph replay, its inputs copied and its attention metadata set:
+        closes `draft_inputs` (that preparation), so that `draft` holds the replay alone, and
+        reads the step times of this graph's previous replay."""
+        try:
+            s = self.cur
+            if s is not None:
+                if s.detail:
+                    self._record(s, "draft_inputs")
+                    s.replaying = True
+                else:  # its steps are not read: the replay is counted, nothing kept
+                    s = None
+            self.graphs.replay(DraftGraphs.key(runner, bs, variant), s)
+        except Exception as e:
+            self._fail(e)
+
+    def draft_replay_end(self):
+        """Just after a draft graph replay: closes `draft`, the replay alone."""
+        s = self.cur
+        if s is None or not s.replaying:
+            return
+        try:
+            s.replaying = False
+            s.replayed = True
+            self._record(s, "draft")
+        except Exception as e:
+            self._fail(e)

@@ -23,16 +23,17 @@ import time
 from collections import deque
 
 from sglang_specprof.schema import SCHEMA
+from sglang_specprof.window import GRAPH_KINDS
 
+from .accept import AcceptHooks
 from .folder import Folder
-from .graphs import DraftGraphs
+from .graphs import DraftGraphs, GraphHooks
 from .reader import Reader, Slot, context_tokens
 from .sinks import Advice, LogTableSink, Outputs, RankSpreadSink
 
 logger = logging.getLogger("sglang.specprof")
 
 MAX_MARKS = 64  # phase marks a cycle may hold (a cycle records about 12); beyond, counted as lost
-MAX_STEP_MARKS = 64  # eager draft-step marks a cycle may hold (steps + 1), apart from the phase marks
 POOL = 64  # cycles in flight at most; beyond that the oldest is dropped and counted
 BEHIND = POOL // 4  # free slots below which the scheduler's thread reads cycles itself
 HAND_OVER = 16  # items held on the scheduler's thread before they go to the reader (about 8 cycles)
@@ -92,7 +93,10 @@ class NullProfiler:
         return None
 
 
-class Profiler(NullProfiler):
+class Profiler(GraphHooks, AcceptHooks, NullProfiler):
+    """The hooks with --speculative-profile on: the cycle's marks here, the draft graphs'
+    hooks in graphs.py, the acceptance hooks in accept.py."""
+
     enabled = True
 
     def __init__(self, backend, interval=100, sink=None, config=None, clock=time.perf_counter, rank=0,
@@ -142,7 +146,7 @@ class Profiler(NullProfiler):
         self.unsettled: deque = deque()  # correct-draft lists harvested, waiting for their commit
         self.open_commit = None  # (reqs, correct, visible before) between commit_begin and commit_end
         self.uncut_cycles = 0  # v2 cycles counted without their commit (a hook not reached): counted as verified
-        self.eager = {"draft": 0, "verify": 0, "draft_extend": 0}
+        self.eager = dict.fromkeys(GRAPH_KINDS, 0)
         self._gc_t0 = None
         self._gc_cb = None
         # The tokens since start, counted on this thread where they are committed, so that
@@ -307,172 +311,6 @@ class Profiler(NullProfiler):
         s.host[n] = self.clock()
         s.names[n] = name
         s.n = n + 1
-
-    def draft_step(self, i):
-        """Inside draft_forward: under capture, an external event node; eager, a plain event."""
-        try:
-            if self.backend.capturing():
-                self.graphs.captured_step(i)
-                return
-            s = self.cur
-            if s is None or not s.detail:
-                return
-            if i == 0:
-                s.ns = 0  # a draft that ran again in the same cycle: its steps replace the first's
-            s.eager_steps = True
-            n = s.ns
-            if n == len(s.step_events):
-                if n >= MAX_STEP_MARKS:
-                    self.marks_lost += 1
-                    return
-                s.step_events.append(self.backend.new_event())
-            self.backend.record(s.step_events[n])
-            s.ns = n + 1
-        except Exception as e:
-            self._fail(e)
-
-    def capture_begin(self, runner, bs, variant=None):
-        """The draft graph runner starts capturing its graph for `bs` (and `variant`)."""
-        try:
-            self.graphs.capture_begin(runner, bs, variant)
-        except Exception as e:
-            self._fail(e)
-
-    def capture_end(self):
-        """The draft graph runner captured its last graph."""
-        try:
-            self.graphs.capture_done()
-        except Exception as e:
-            self._fail(e)
-
-    def graph(self, which, used, runner=None):
-        """After a forward: did `which` replay a CUDA graph, and at what padded batch size."""
-        s = self.cur
-        if s is None:
-            return
-        try:
-            if used:
-                g = s.graph
-                if g is None:
-                    g = s.graph = {}
-                g[which] = True
-                padded = getattr(runner, "bs", 0) or 0
-                if padded > g.get("padded_bs", 0):
-                    g["padded_bs"] = padded
-            else:
-                self.eager[which] = self.eager.get(which, 0) + 1
-        except Exception as e:
-            self._fail(e)
-
-    def draft_replay_begin(self, runner, bs, variant=None):
-        """Just before a draft graph replay, its inputs copied and its attention metadata set:
-        closes `draft_inputs` (that preparation), so that `draft` holds the replay alone, and
-        reads the step times of this graph's previous replay."""
-        try:
-            s = self.cur
-            if s is not None:
-                if s.detail:
-                    self._record(s, "draft_inputs")
-                    s.replaying = True
-                else:  # its steps are not read: the replay is counted, nothing kept
-                    s = None
-            self.graphs.replay(DraftGraphs.key(runner, bs, variant), s)
-        except Exception as e:
-            self._fail(e)
-
-    def draft_replay_end(self):
-        """Just after a draft graph replay: closes `draft`, the replay alone."""
-        s = self.cur
-        if s is None or not s.replaying:
-            return
-        try:
-            s.replaying = False
-            s.replayed = True
-            self._record(s, "draft")
-        except Exception as e:
-            self._fail(e)
-
-    # -- acceptance -------------------------------------------------------------------
-    def harvest(self, correct_per_req=None):
-        """Where the cycle's correct drafts per request reach the CPU.
-
-        v1 counts them here: its verify has already cut each request at its stop and skipped
-        finished ones. v2 hands every request of the batch, so its list waits for the
-        scheduler's commit (`commit_begin` / `commit_end`), which says what reached each
-        request; a list whose commit never came is counted whole when the next one arrives."""
-        if self.open_at_end:  # the wait for the GPU is over
-            g = self.gate
-            g.is_open = False
-            g.busy = True
-        if correct_per_req is None:
-            return
-        try:
-            correct = list(correct_per_req)
-            if self.settle_on_commit:
-                un = self.unsettled
-                while un:
-                    self.uncut_cycles += 1
-                    self._add_accept(un.popleft())
-                un.append(correct)
-            else:
-                self._add_accept(correct)
-        except Exception as e:
-            self._fail(e)
-
-    def _add_accept(self, correct, committed=None, skipped=0):
-        """`correct`: correct drafts of each request that took the cycle's tokens; `committed`:
-        the tokens each of them got (correct + 1 unless cut at a stop)."""
-        if committed is None:
-            committed = [c + 1 for c in correct]
-        t = self.tokens
-        got = sum(committed)
-        t["committed_tokens"] += got
-        t["verified_requests"] += len(correct)
-        t["skipped_requests"] += skipped
-        t["cut_tokens"] += sum(correct) + len(correct) - got
-        self.items.append(("accept", correct, committed, skipped))
-        # each list settles one decode cycle: a window closes after its `interval`-th
-        self.window_decode += 1
-        if self.window_decode >= self.interval:
-            self._close_window()
-
-    def commit_begin(self, reqs):
-        """v2, in the scheduler, before it appends the cycle's tokens to each request: which
-        requests will take them (upstream skips finished and retracted ones) and what each
-        request's client has so far."""
-        try:
-            if not self.unsettled:
-                return
-            correct = self.unsettled.popleft()
-            if len(correct) != len(reqs):  # not this batch's list: count it whole, as before
-                self.uncut_cycles += 1
-                self._add_accept(correct)
-                return
-            # what each request's client has: its output up to the stop, as upstream sends it
-            # (a finished or retracted request is skipped by upstream: it gets nothing)
-            self.open_commit = (reqs, correct, [len(r.output_ids) if r.finished_len is None else r.finished_len
-                                                for r in reqs])
-        except Exception as e:
-            self._fail(e)
-
-    def commit_end(self):
-        """v2, after the scheduler committed the cycle's tokens and checked each stop."""
-        c = self.open_commit
-        if c is None:
-            return
-        self.open_commit = None
-        try:
-            reqs, correct, before = c
-            took, got = [], []
-            for r, k, b in zip(reqs, correct, before):
-                n = r.finished_len
-                n = (len(r.output_ids) if n is None else n) - b
-                if n > 0:  # a request upstream commits to takes one token at least (the bonus)
-                    took.append(k)
-                    got.append(n)
-            self._add_accept(took, got, len(reqs) - len(took))
-        except Exception as e:
-            self._fail(e)
 
     def _close_window(self):
         """O(1) here: the window's fields that live on this thread go with the last items to
