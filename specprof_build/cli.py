@@ -10,7 +10,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from . import analysis, apply, fetch, release, repack
+from . import analysis, apply, fetch, inplace, rebase, release, repack, upstream
 from .errors import BuildError
 
 # The one copy into the output folder (a name of its own so that the tests can fill the disk).
@@ -69,8 +69,6 @@ def _deliver(wheel: Path, out: Path) -> Path:
 
 
 def into(args, log) -> Path:
-    from . import inplace
-
     t0 = time.monotonic()
     if args.from_wheel or args.python_tag or args.platform or args.check:
         raise BuildError("--into patches an installed sglang; leave out --from-wheel, --python-tag, --platform and --check.")
@@ -94,8 +92,6 @@ def build(args, log) -> Path | None:
     if args.restore is not None:
         if args.into is not None or args.sglang or args.check or args.from_wheel:
             raise BuildError("--restore takes only the site; leave out --into, --sglang, --check and --from-wheel.")
-        from . import inplace
-
         inplace.restore_installed(args.restore, log)
         return None
     if args.into is not None:
@@ -125,8 +121,6 @@ def _upstream(args, rel, log) -> tuple[str, Path]:
 def _manifest_agrees(rel, name, source) -> bool:
     """The series folder's hashes of the upstream files it patches against the wheel's;
     False where the folder has none yet."""
-    from . import inplace
-
     mpath = rel.directory / inplace.MANIFEST
     if not mpath.is_file():
         return False
@@ -138,8 +132,6 @@ def _manifest_agrees(rel, name, source) -> bool:
 
 def check(rel, name, source, log) -> None:
     """--check: the series applies exactly to the pinned wheel, and its hashes agree. Writes nothing."""
-    from . import inplace
-
     with tempfile.TemporaryDirectory(prefix=f"specprof-build-{os.getpid()}-") as work:
         tree = repack.unpack(source, Path(work) / "tree")
         log(f"unpack    {tree.name}")
@@ -151,8 +143,6 @@ def check(rel, name, source, log) -> None:
 
 def build_wheel(args, rel, name, source, log) -> Path:
     """The sglang wheel and the analysis wheel into --out (each under a partial name first)."""
-    from . import inplace
-
     check_out_dir(args.out)
     fetch.sweep(Path(tempfile.gettempdir()), "specprof-build-")  # left by builds that were killed
     fetch.sweep(args.out, f".{BUILD_PARTIAL}")
@@ -226,8 +216,6 @@ def _guarded(prog: str, on_interrupt: str, fn) -> int:
 
 
 def main_rebase(argv) -> int:
-    from . import rebase
-
     args = rebase_parser().parse_args(argv)
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
 
@@ -259,8 +247,6 @@ def upstream_parser() -> argparse.ArgumentParser:
 
 
 def main_upstream(argv) -> int:
-    from . import upstream
-
     args = upstream_parser().parse_args(argv)
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     return _guarded("build.py upstream", "nothing was written.", lambda: upstream.main(args, log))

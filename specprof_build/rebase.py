@@ -15,7 +15,7 @@ import shutil
 import time
 from pathlib import Path
 
-from . import export, fetch, git, hookmap, release, repack, upstream
+from . import export, fetch, git, hookmap, inplace, release, repack, upstream
 from .errors import BuildError
 
 WORK = release.ROOT / ".rebase"
@@ -88,8 +88,6 @@ def _finish(work: Path, onto: str, accept_moves: bool, log) -> Path:
         pin = release.Pin(**st["pin"])
         (tmp / "pin.toml").write_text(release.format_pin(pin))
         if st.get("new_wheel") and Path(st["new_wheel"]).is_file():
-            from . import inplace
-
             rel = release.Release(onto, tmp, pin, [tmp / n for n, _ in named])
             (tmp / inplace.MANIFEST).write_text(inplace.manifest_from_wheel(rel, Path(st["new_wheel"])))
         os.replace(tmp, dest)

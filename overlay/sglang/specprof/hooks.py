@@ -14,6 +14,7 @@ import signal
 from sglang_specprof.ranks import RankExchange, exchange_folder
 
 from .jsonl import JsonlSink, rank_path
+from .kernel_sampler import CYCLES, KernelSampler
 from .profiler import NullProfiler, Profiler
 
 logger = logging.getLogger("sglang.specprof")
@@ -131,8 +132,6 @@ def install(server_args, tp_rank: int = 0, worker: str = "v2") -> None:
         kernels = ""
         if every:
             try:
-                from .kernel_sampler import CYCLES, KernelSampler
-
                 P.kernels = KernelSampler(P, every)
                 P.config["kernels_every"] = every
                 kernels = f", kernel sample of {CYCLES} cycles every {every} windows (CUPTI ready in {P.kernels.warm_s} s)"
