@@ -93,7 +93,7 @@ def test_unknown_release_names_supported_ones_and_the_fix():
 
 
 @pytest.mark.parametrize("version, near, start", [
-    ("0.5.15.post1", "the nearest 0.5.15 (older) and 0.5.16 (newer)", "0.5.15"),
+    ("0.5.11", "the nearest 0.5.9 (older) and 0.5.12 (newer)", "0.5.9"),
     ("0.5.20", "the nearest 0.5.16 (older) and 0.5.23 (newer)", "0.5.16"),
     ("0.6.0", "the nearest 0.5.23 (older)", "0.5.23"),
 ])
