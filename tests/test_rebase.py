@@ -183,3 +183,23 @@ def test_interrupted_before_git_rebase_then_continue(env, monkeypatch):
     assert not (patches / "sglang-1.1.0").exists()
     dest = rebase.resume("1.1.0", quiet)  # --continue begins the rebase that never started
     assert "\n@@ -7,5 +7,6 @@ def other():\n" in (dest / "worker-mark.patch").read_text()
+
+
+@pytest.mark.parametrize("version", release.available())
+def test_every_model_runner_attribute_a_hook_reads_exists_in_its_release(version):
+    """A hook's arguments are evaluated in upstream's code, with the profiler off too: an
+    attribute the release does not have (0.5.14 renamed the model runner's `graph_runner`)
+    would stop the worker. Each `model_runner.X` a series reads is one its release sets."""
+    import re
+    import zipfile
+
+    from specprof_build import fetch
+
+    rel = release.load(version)
+    added = "\n".join(line for p in rel.patches for line in p.read_text().splitlines() if line.startswith("+"))
+    names = set(re.findall(r"model_runner\.(\w+)", added))
+    wheel = fetch.fetch(rel.pin, fetch.choose(rel.pin), fetch.default_cache(), log=lambda m: None)
+    with zipfile.ZipFile(wheel) as z:
+        src = z.read("sglang/srt/model_executor/model_runner.py").decode()
+    for name in names:
+        assert re.search(rf"self\.{name}\s*[:=]|def {name}\(", src), f"{version}: model_runner.{name} is not set there"
