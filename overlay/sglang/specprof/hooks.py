@@ -15,7 +15,8 @@ from sglang_specprof.ranks import RankExchange, exchange_folder
 
 from .jsonl import JsonlSink, rank_path
 from .kernel_sampler import CYCLES, KernelSampler
-from .profiler import NullProfiler, Profiler
+from .null import NullProfiler
+from .profiler import Profiler
 
 logger = logging.getLogger("sglang.specprof")
 

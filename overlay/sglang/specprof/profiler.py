@@ -28,6 +28,7 @@ from sglang_specprof.window import GRAPH_KINDS
 from .accept import AcceptHooks
 from .folder import Folder
 from .graphs import DraftGraphs, GraphHooks
+from .null import NullProfiler
 from .reader import Reader, Slot, context_tokens
 from .sinks import Advice, LogTableSink, Outputs, RankSpreadSink
 
@@ -37,60 +38,6 @@ MAX_MARKS = 64  # phase marks a cycle may hold (a cycle records about 12); beyon
 POOL = 64  # cycles in flight at most; beyond that the oldest is dropped and counted
 BEHIND = POOL // 4  # free slots below which the scheduler's thread reads cycles itself
 HAND_OVER = 16  # items held on the scheduler's thread before they go to the reader (about 8 cycles)
-
-
-class NullProfiler:
-    """What the hooks call when --speculative-profile is off: each method does nothing."""
-
-    enabled = False
-
-    def begin(self, kind, bs, ctx=None):
-        pass
-
-    def mark(self, name):
-        pass
-
-    def draft_end(self):
-        pass
-
-    def end(self):
-        pass
-
-    def draft_step(self, i):
-        pass
-
-    def graph(self, which, used, runner=None):
-        pass
-
-    def draft_replay_begin(self, runner, bs, variant=None):
-        pass
-
-    def draft_replay_end(self):
-        pass
-
-    def capture_begin(self, runner, bs, variant=None):
-        pass
-
-    def capture_end(self):
-        pass
-
-    def harvest(self, correct_per_req=None):
-        pass
-
-    def commit_begin(self, reqs):
-        pass
-
-    def commit_end(self):
-        pass
-
-    def latest(self):
-        return None
-
-    def catch_up(self, timeout=0.05):
-        pass
-
-    def totals_now(self):
-        return None
 
 
 class Profiler(GraphHooks, AcceptHooks, NullProfiler):
