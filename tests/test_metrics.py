@@ -102,3 +102,26 @@ def test_the_dashboard_reads_what_a_real_server_exported():
             assert _names(t["expr"]) <= names, t["expr"]
     check = json.loads((rec / "check.json").read_text())
     assert check["tokens_per_s_gauge"] == [check["tokens_per_s_latest_window"]]
+
+
+def test_the_log_table_and_the_gauges_share_one_advisor_run(tmp_path, monkeypatch, caplog):
+    """One window published to both the log table and the gauges runs the advisor once per
+    bucket (hooks.install hands both the same `Advice`)."""
+    import logging
+
+    from sglang.specprof.profiler import Profiler
+    from sglang.specprof.sinks import Advice
+
+    w = _window(tmp_path)
+    judged = sum(1 for b in w["buckets"].values() if advisor.inputs_from_bucket(b, w["config"]["num_steps"]))
+    assert judged >= 2
+    calls = []
+    real = advisor.predict
+    monkeypatch.setattr(advisor, "predict", lambda inp, *a, **k: calls.append(1) or real(inp, *a, **k))
+    shared = Advice()
+    gauges = MetricsSink({"tp_rank": 0}, registry=prometheus_client.CollectorRegistry(), advice=shared)
+    p = Profiler(FakeBackend(), sink=[gauges], config=w["config"], advice=shared)
+    with caplog.at_level(logging.INFO, logger="sglang.specprof"):
+        p.outputs.publish(w)
+    assert "advisor:" in caplog.text  # the table showed the advice
+    assert len(calls) == judged

@@ -99,12 +99,11 @@ def settings_differ(a: list[dict], b: list[dict]) -> dict:
 
 
 def compare(a: list[dict], b: list[dict]) -> dict:
-    order = bucket_order
     ka = {k for w in a for k, bk in w["buckets"].items() if bk["cycles"]}
     kb = {k for w in b for k, bk in w["buckets"].items() if bk["cycles"]}
     out = {"settings_differ": settings_differ(a, b), "buckets": {}, "only_in": {},
-           "buckets_only_in": {"a": sorted(ka - kb, key=order), "b": sorted(kb - ka, key=order)}}
-    for key in sorted(ka & kb, key=order):
+           "buckets_only_in": {"a": sorted(ka - kb, key=bucket_order), "b": sorted(kb - ka, key=bucket_order)}}
+    for key in sorted(ka & kb, key=bucket_order):
         seen = {}
         for side, ws in (("a", a), ("b", b)):
             names = []

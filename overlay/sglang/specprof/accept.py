@@ -18,9 +18,7 @@ class AcceptHooks:
         scheduler's commit (`commit_begin` / `commit_end`), which says what reached each
         request; a list whose commit never came is counted whole when the next one arrives."""
         if self.open_at_end:  # the wait for the GPU is over
-            g = self.gate
-            g.is_open = False
-            g.busy = True
+            self.gate.shut()
         if correct_per_req is None:
             return
         try:

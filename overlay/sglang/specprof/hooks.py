@@ -17,6 +17,7 @@ from .jsonl import JsonlSink, rank_path
 from .kernel_sampler import CYCLES, KernelSampler
 from .null import NullProfiler
 from .profiler import Profiler
+from .sinks import Advice
 
 logger = logging.getLogger("sglang.specprof")
 
@@ -104,6 +105,7 @@ def install(server_args, tp_rank: int = 0, worker: str = "v2") -> None:
         except Exception:
             pass
         sinks = []
+        advice = Advice()  # the advisor once per window, for the log table and the gauges
         path = server_args.speculative_profile_output
         if path:
             if config["tp_size"] > 1:
@@ -113,7 +115,7 @@ def install(server_args, tp_rank: int = 0, worker: str = "v2") -> None:
             try:
                 from .metrics import MetricsSink
 
-                sinks.append(MetricsSink({"tp_rank": tp_rank}))
+                sinks.append(MetricsSink({"tp_rank": tp_rank}, advice=advice))
             except Exception as e:
                 logger.warning("speculative profile: no Prometheus gauges (%s: %s).", type(e).__name__, e)
         exchange = None
@@ -126,7 +128,7 @@ def install(server_args, tp_rank: int = 0, worker: str = "v2") -> None:
         config["events"] = backend.kind  # "cuda.bindings", or "torch" without it
         P = Profiler(backend, interval=server_args.speculative_profile_interval, sink=sinks,
                      config=config, rank=tp_rank, log_table=(tp_rank == 0), exchange=exchange, threaded=True, on_error=disable,
-                     phases_every=config["phases_every"])
+                     phases_every=config["phases_every"], advice=advice)
         P.follow_gc()
         _follow_pause_signal()
         every = getattr(server_args, "speculative_profile_kernels", 0) or 0

@@ -47,7 +47,7 @@ class Profiler(GraphHooks, AcceptHooks, NullProfiler):
     enabled = True
 
     def __init__(self, backend, interval=100, sink=None, config=None, clock=time.perf_counter, rank=0,
-                 log_table=True, exchange=None, threaded=False, on_error=None, phases_every=1):
+                 log_table=True, exchange=None, threaded=False, on_error=None, phases_every=1, advice=None):
         self.backend = backend
         self.interval = interval
         # Each batch size's cycles are timed phase by phase one in `phases_every` (in each
@@ -74,7 +74,7 @@ class Profiler(GraphHooks, AcceptHooks, NullProfiler):
                              threaded=threaded)
         given = [] if sink is None else list(sink) if isinstance(sink, (list, tuple)) else [sink]
         sinks = ([RankSpreadSink(exchange, rank)] if exchange is not None else []) + (
-            [LogTableSink(self.folder.pause, Advice())] if log_table else []) + given
+            [LogTableSink(self.folder.pause, advice or Advice())] if log_table else []) + given
         self.outputs = Outputs(sinks, self.folder.pause, self.folder.pause_turn)
         self.folder.on_close = self.outputs.publish
         self.gate = self.folder.gate
@@ -100,18 +100,14 @@ class Profiler(GraphHooks, AcceptHooks, NullProfiler):
         # any two reads of /server_info give the exact totals between them (the cycles and
         # their GPU time are the reader's).
         self.tokens = {"committed_tokens": 0, "verified_requests": 0, "skipped_requests": 0, "cut_tokens": 0}
-        # --speculative-profile-kernels: the sampler (kernel_sampler.KernelSampler)
-        self._kernels = None
 
-    # the parts' figures, under the names the tests and the sampler read
-    kernels = property(lambda self: self._kernels, lambda self, k: self._set_kernels(k))
+    # the parts' figures, under the names the tests, the hooks and the sampler read;
+    # kernels: --speculative-profile-kernels' sampler (kernel_sampler.KernelSampler), or None
+    kernels = property(lambda self: self.reader.kernels, lambda self, k: setattr(self.reader, "kernels", k))
     sinks = property(lambda self: self.outputs.sinks)
     read_dropped = property(lambda self: self.reader.dropped)
     steps_lost = property(lambda self: self.graphs.lost)
     capture_s = property(lambda self: self.graphs.capture_s)
-
-    def _set_kernels(self, k):
-        self._kernels = self.reader.kernels = k
 
     def follow_gc(self):
         """Time the garbage collector's pauses of the host inside each cycle (the server's
@@ -161,16 +157,14 @@ class Profiler(GraphHooks, AcceptHooks, NullProfiler):
         if self.broken:
             return
         try:
-            g = self.gate  # shut: the scheduler's thread has work of its own
-            g.is_open = False
-            g.busy = True
+            self.gate.shut()  # the scheduler's thread has work of its own
             if self.graphs.capturing is not None:
                 self.graphs.capture_done()
             if self.cur is not None:  # a cycle that never ended (an exception upstream): discard it
                 self.reader.recycle(self.cur)
                 self.cur = None
             free = self.free
-            if len(free) < BEHIND:  # the reader got no turn (or events do not complete)
+            if self.behind():  # the reader got no turn (or events do not complete)
                 self._hand_over()
                 if self.folder.threaded:
                     self.folder.help()
@@ -276,8 +270,9 @@ class Profiler(GraphHooks, AcceptHooks, NullProfiler):
         }))
         self._hand_over()
         self._detail_seen.clear()  # each batch size's first cycle in the next window: timed by phase
-        if self._kernels is not None:
-            self._kernels.window_closed(self.window_index)
+        k = self.reader.kernels
+        if k is not None:
+            k.window_closed(self.window_index)
         self.window_index += 1
         self.window_decode = 0
 
@@ -324,8 +319,9 @@ class Profiler(GraphHooks, AcceptHooks, NullProfiler):
             return
         self.broken = True
         self.cur = None
-        if self._kernels is not None:
-            self._kernels.shutdown()
+        k = self.reader.kernels
+        if k is not None:
+            k.shutdown()
         if self.on_error is not None:
             self.on_error(reason)
         else:
