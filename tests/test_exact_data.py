@@ -45,9 +45,10 @@ def test_the_runs_cover_both_releases_both_workers_and_the_step_counts():
 @pytest.mark.parametrize("run", RUNS, ids=lambda p: p.name)
 def test_committed_tokens_are_what_the_clients_received(run):
     loads = [(n, ld) for n, e in _check(run)["servers"].items() for ld in e["loads"]]
-    assert len(loads) >= 14
-    names = {ld["load"] for _, ld in loads}
-    assert names >= {"c1-long", "c16-256", "c24-eager", "c16x24x4", "c8-stagger", "c8-abort", "c4-stop"}
+    for server, e in _check(run)["servers"].items():  # every server had every kind of load
+        names = {ld["load"] for ld in e["loads"]}
+        assert names >= {
+            "c1-long", "c16-256", "c24-eager", "c16x24x4", "c8-stagger", "c8-abort", "c4-stop"}, server
     for server, ld in loads:
         assert not ld["errors"], (server, ld["load"])
         assert ld["committed_tokens"] == ld["client_decode_tokens"], (server, ld["load"])

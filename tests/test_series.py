@@ -95,11 +95,16 @@ def test_unknown_release_names_supported_ones_and_the_fix():
 @pytest.mark.parametrize("version, near, start", [
     ("0.5.11", "the nearest 0.5.9 (older) and 0.5.12 (newer)", "0.5.9"),
     ("0.5.20", "the nearest 0.5.16 (older) and 0.5.23 (newer)", "0.5.16"),
+    ("0.5.12.post2", "the nearest 0.5.12 (older) and 0.5.16 (newer)", "0.5.12"),
     ("0.6.0", "the nearest 0.5.23 (older)", "0.5.23"),
 ])
-def test_an_unsupported_release_names_the_nearest_and_rebases_from_the_older(version, near, start):
+def test_an_unsupported_release_names_the_nearest_and_rebases_from_the_older(version, near, start, tmp_path):
+    # a folder with gaps between its series (every release from 0.5.8 on has one in patches/)
+    for v in ("0.5.8", "0.5.9", "0.5.12", "0.5.16", "0.5.23"):
+        shutil.copytree(release.PATCHES / f"sglang-{v}", tmp_path / f"sglang-{v}")
+    (tmp_path / "default").write_text("0.5.16\n")
     with pytest.raises(BuildError) as e:
-        release.load(version)
+        release.load(version, tmp_path)
     msg = str(e.value)
     assert near in msg and msg.endswith(f"run: python build.py rebase --onto {version} --from {start}")
 

@@ -196,6 +196,8 @@ def main():
     ap.add_argument("--trace", default=None, help="server name: a torch profiler trace of a few cycles at bs 1")
     ap.add_argument("--kernels", type=int, default=0, metavar="N",
                     help="--speculative-profile-kernels N on every server (kernel samples every N windows)")
+    ap.add_argument("--first-port", type=int, default=31000,
+                    help="the first server's port (several checks on one GPU at once need apart ports)")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     logs = os.path.join(a.out, "logs")
@@ -219,7 +221,7 @@ def main():
     check = {"argv": sys.argv[1:], "env": {"SGLANG_SIMULATE_ACC_LEN": a.acc, "SGLANG_SIMULATE_ACC_METHOD": a.acc_method},
              "servers": {}}
     t0 = time.time()
-    servers = start_all(plan, logs, timeout=420)
+    servers = start_all(plan, logs, first_port=a.first_port, timeout=420)
     check["startup_s"] = round(time.time() - t0, 1)
     try:
         for name, srv in servers.items():
