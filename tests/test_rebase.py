@@ -203,3 +203,111 @@ def test_every_model_runner_attribute_a_hook_reads_exists_in_its_release(version
         src = z.read("sglang/srt/model_executor/model_runner.py").decode()
     for name in names:
         assert re.search(rf"self\.{name}\s*[:=]|def {name}\(", src), f"{version}: model_runner.{name} is not set there"
+
+
+def _defined_attributes(tree, wanted):
+    """Those of `wanted` that the release's code sets or declares somewhere (`.x = `, `x: T`
+    in a class body, `def x`): an attribute a hook reads that is in none of them does not exist."""
+    import re
+
+    if not wanted:
+        return set()
+    text = "\n".join(p.read_text(errors="replace") for p in tree.rglob("*.py"))
+    alt = "|".join(sorted(map(re.escape, wanted)))
+    found = {a or b for a, b in re.findall(rf"\.({alt})\s*(?::[^=\n]*)?=(?!=)|def\s+({alt})\b", text)}
+    rest = wanted - found
+    if rest:  # class-body declarations (dataclass fields), a slower scan, for what is left
+        alt = "|".join(sorted(map(re.escape, rest)))
+        found |= set(re.findall(rf"^[ \t]+({alt})\s*(?::|=(?!=))", text, re.M))
+    return found
+
+
+def _bindings(node):
+    """(line, name) for each name a function (or module) binds: its parameters, and what it
+    assigns, imports or defines."""
+    import ast
+
+    out = []
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+        a = node.args
+        out += [(0, x.arg) for x in a.posonlyargs + a.args + a.kwonlyargs + [a.vararg, a.kwarg] if x]
+    for n in ast.walk(node):
+        line = getattr(n, "lineno", 0)
+        if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store):
+            out.append((line, n.id))
+        elif isinstance(n, (ast.Import, ast.ImportFrom)):
+            out += [(line, (x.asname or x.name).split(".")[0]) for x in n.names]
+        elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n is not node:
+            out.append((line, n.name))
+        elif isinstance(n, ast.ExceptHandler) and n.name:
+            out.append((line, n.name))
+        elif isinstance(n, (ast.Global, ast.Nonlocal)):
+            out += [(line, x) for x in n.names]
+        elif isinstance(n, ast.arg):
+            out.append((line, n.arg))
+    return out
+
+
+def hook_reads(tree, files):
+    """(file, line, problem) for each name or attribute a hook call reads that is not there:
+    a local the function has not bound by then (upstream renamed it), or an attribute no code
+    of the release sets."""
+    import ast
+    import builtins
+
+    problems, reads = [], []
+    for rel_path in files:
+        module = ast.parse((tree / rel_path).read_text())
+        parents = {}
+        for p in ast.walk(module):
+            for c in ast.iter_child_nodes(p):
+                parents[c] = p
+        top = {name for _, name in _bindings(module)} | set(dir(builtins))
+        scope_names = {}
+        for call in ast.walk(module):
+            if not isinstance(call, ast.Call):
+                continue
+            root = call.func
+            while isinstance(root, ast.Attribute):
+                root = root.value
+            if not (isinstance(root, ast.Name) and root.id.startswith("specprof")):
+                continue
+            scopes, p = [], parents.get(call)
+            while p is not None:
+                if isinstance(p, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    scopes.append(p)
+                p = parents.get(p)
+            known = set(top)
+            for i, s in enumerate(scopes):  # the innermost up to its line; the enclosing whole
+                if s not in scope_names:
+                    scope_names[s] = _bindings(s)
+                known |= {name for line, name in scope_names[s] if i or line <= call.lineno}
+            args = list(call.args) + [k.value for k in call.keywords]
+            for arg in args:
+                known |= {name for _, name in _bindings(arg)}  # a lambda's or a comprehension's own
+                for n in ast.walk(arg):
+                    if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and n.id not in known:
+                        problems.append((rel_path, call.lineno, f"name {n.id!r} is not bound there"))
+                    elif isinstance(n, ast.Attribute):
+                        reads.append((rel_path, call.lineno, n.attr))
+    there = _defined_attributes(tree, {a for _, _, a in reads})
+    problems += [(f, line, f"attribute .{a} is set nowhere") for f, line, a in reads if a not in there]
+    return problems
+
+
+@pytest.mark.parametrize("version", release.available())
+def test_every_name_a_hook_reads_is_there_in_its_release(version, tmp_path):
+    """A hook's arguments are upstream names (a local, `batch.seq_lens_cpu`, `self.bs`): a
+    rebase that applies cleanly still leaves the old name where upstream renamed it (0.5.17's
+    `can_cuda_graph`), which stops the worker at its first cycle. Each name a hook call reads
+    is bound in its function by then, and each attribute is one the release sets."""
+    from specprof_build import apply, fetch, repack
+
+    rel = release.load(version)
+    wheel = fetch.fetch(rel.pin, fetch.choose(rel.pin), fetch.default_cache(), log=lambda m: None)
+    tree = tmp_path / "tree"
+    repack.unpack_sources(wheel, tree)
+    apply.apply_series(tree, rel.patches, log=lambda m: None)
+    files = sorted({f for p in rel.patches for f in apply.hunks(p.read_text())})
+    assert files
+    assert hook_reads(tree, files) == []
