@@ -512,3 +512,73 @@ def test_the_trace_of_a_long_profile_draws_its_last_windows(tmp_path, capsys, mo
     assert code == 0 and f"trace of {want} cycles" in err and "the last 50 of 120 windows" in err
     tr = json.loads(out.read_text())
     assert tr["otherData"]["cycles"] == want
+
+
+def _upstream_adaptive(version="0.5.16"):
+    """SGLang's own adaptive_spec_params module from the pinned wheel: the loader and the
+    batch-size routing that will read the config (its one sglang import, a log helper, stood in)."""
+    import types
+    import zipfile
+
+    from specprof_build import fetch, release
+
+    rel = release.load(version)
+    wheel = fetch.fetch(rel.pin, fetch.choose(rel.pin), fetch.default_cache(), log=lambda m: None)
+    with zipfile.ZipFile(wheel) as z:
+        src = z.read("sglang/srt/speculative/adaptive_spec_params.py").decode()
+    line = "from sglang.srt.utils import log_info_on_rank0"
+    assert line in src
+    mod = types.ModuleType("adaptive_spec_params")
+    exec(compile(src.replace(line, "def log_info_on_rank0(logger, msg): logger.info(msg)"), "adaptive_spec_params",
+                 "exec"), mod.__dict__)
+    return mod
+
+
+def test_adaptive_config_is_what_sglang_loads_and_routes_each_batch_to_its_bucket(tmp_path, capsys):
+    from sglang_specprof.window import bucket_of, bucket_order
+
+    src = tmp_path / "p.jsonl"
+    src.write_bytes(__import__("lzma").decompress((DATA / "exact" / "0.5.16-h" / "profile-s3k1.jsonl.xz").read_bytes()))
+    out = tmp_path / "adaptive.json"
+    code, stdout, err = run_cli("report", str(src), "--adaptive-config", str(out), capsys=capsys)
+    assert code == 0 and "advisor" in stdout  # the report as usual, and the config beside it
+    conf = json.loads(out.read_text())
+    windows, _ = report.load(str(src))
+    merge = report.Merge()
+    for w in windows:
+        merge.add(w)
+    advice = report.advise(merge.result())
+    assert sorted(int(k) for k in conf if k.isdigit()) == sorted(bucket_order(k) for k in advice) and len(advice) >= 4
+    for key, adv in advice.items():
+        steps = conf[str(bucket_order(key))]["candidate_steps"]
+        tok = {r["steps"]: r["tokens_per_s"] for r in adv["rows"]}
+        assert adv["best"] in steps and steps == sorted(steps) and min(steps) >= 1
+        assert all(tok[s] >= 0.97 * tok[adv["best"]] for s in steps)
+        assert all(s in steps for s, t in tok.items() if t >= 0.97 * tok[adv["best"]])
+    assert f"--speculative-adaptive-config {out}" in err
+    # SGLang's loader takes it, and its router sends each batch size to the tier of its bucket
+    up = _upstream_adaptive()
+    params = up.AdaptiveSpeculativeParams(initial_steps=3, cfg_path=str(out))
+    params.set_cuda_graph_bs([1, 2, 4, 8, 12, 16])
+    for bs in range(1, 33):
+        key = bucket_of(bs)
+        if key in advice:
+            assert params._route(bs).candidate_steps == conf[str(bucket_order(key))]["candidate_steps"], bs
+            assert params.get_steps_for_batch(bs) in conf[str(bucket_order(key))]["candidate_steps"]
+    assert up.resolve_candidate_steps_from_config(str(out)) == sorted(
+        {s for k, v in conf.items() if k.isdigit() for s in v["candidate_steps"]})
+
+
+def test_adaptive_config_margin_and_bad_paths(tmp_path, capsys):
+    out = tmp_path / "a.json"
+    code, _, _ = run_cli("report", str(V2), "--adaptive-config", str(out), "--adaptive-margin", "0", capsys=capsys)
+    assert code == 0
+    conf = json.loads(out.read_text())
+    advice = conf["specprof"]["buckets"]
+    assert advice and all(conf[k]["candidate_steps"] == [advice_b["best"]]
+                          for k, advice_b in zip([k for k in conf if k.isdigit()], advice.values()))
+    code, stdout, err = run_cli("report", str(V2), "--adaptive-config", str(tmp_path / "no" / "a.json"), capsys=capsys)
+    assert code == 1 and "advisor" in stdout  # the report is not lost
+    assert err.strip().splitlines()[-1] == f"sglang-specprof: error: cannot write {tmp_path / 'no' / 'a.json'}: No such file or directory"
+    code, _, err = run_cli("report", str(V2), "--adaptive-config", str(out), "--adaptive-margin", "100", capsys=capsys)
+    assert code == 1 and "--adaptive-margin must be at least 0 and below 100" in err

@@ -1,6 +1,7 @@
 """sglang-specprof: read the profiles a --speculative-profile server writes.
 
     sglang-specprof report PROFILE.jsonl [--last N] [--json] [--plot out.png] [--trace out.json]
+                                         [--adaptive-config out.json [--adaptive-margin PCT]]
     sglang-specprof report http://HOST:PORT            # the live server's latest window
     sglang-specprof compare A.jsonl B.jsonl [--json]
 """
@@ -13,7 +14,7 @@ import os
 import sys
 from collections import deque
 
-from . import compare as compare_mod, report
+from . import adaptive, compare as compare_mod, report
 from .plot import plot
 from .schema import ProfileError
 from .trace import fields as trace_fields, trace
@@ -32,6 +33,12 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--json", action="store_true", help="print the merged summary and the advice as JSON")
     r.add_argument("--plot", metavar="PNG", help="also draw the phases, acceptance and cycle times (needs matplotlib)")
     r.add_argument("--trace", metavar="JSON", help="also write a Chrome/Perfetto trace of the sampled cycles")
+    r.add_argument("--adaptive-config", metavar="JSON",
+                   help="also write SGLang's --speculative-adaptive-config: per batch-size bucket, the step counts "
+                        "predicted within --adaptive-margin of the fastest")
+    r.add_argument("--adaptive-margin", type=float, default=adaptive.DEFAULT_MARGIN * 100, metavar="PCT",
+                   help="how far below the fastest prediction a step count may be and still be a candidate "
+                        "(default %(default)g)")
     c = sub.add_parser("compare", help="what changed from run A to run B, against run-to-run noise")
     c.add_argument("a")
     c.add_argument("b")
@@ -53,6 +60,8 @@ def main(argv=None) -> int:
         if args.command == "report":
             if args.last is not None and args.last < 1:
                 raise report.SourceError("--last must be 1 or more")
+            if not 0 <= args.adaptive_margin < 100:
+                raise report.SourceError("--adaptive-margin must be at least 0 and below 100 (a percentage)")
             # the windows are merged as they are read: only the merge (and, for --trace, each
             # window's sampled cycles) is held, whatever the profile's length
             merge, traced, notes = report.Merge(), deque(maxlen=TRACE_WINDOWS), []
@@ -68,6 +77,17 @@ def main(argv=None) -> int:
                 print(json.dumps({"summary": summary, "advice": advice}, indent=1))
             else:
                 print(report.render(summary, advice))
+            if args.adaptive_config:
+                conf = adaptive.upstream_config(summary, advice, args.adaptive_margin / 100, args.source)
+                if not conf:
+                    raise report.SourceError(f"{args.source} holds no decode cycles to advise from; "
+                                             f"{args.adaptive_config} was not written")
+                _write(args.adaptive_config, json.dumps(conf, indent=1) + "\n")
+                tiers = ", ".join(f"bs {k}+: {v['candidate_steps']}" for k, v in conf.items() if k.isdigit())
+                print(f"sglang-specprof: adaptive config in {args.adaptive_config} ({tiers}); serve with "
+                      f"--speculative-adaptive --speculative-adaptive-config {args.adaptive_config}", file=sys.stderr)
+                for n in adaptive.notes(conf):
+                    print(f"sglang-specprof: note: {n}", file=sys.stderr)
             if args.trace:
                 tr = trace(list(traced))
                 if not tr["otherData"]["cycles"]:

@@ -1,0 +1,66 @@
+"""SGLang's --speculative-adaptive-config, written from a profile's advice.
+
+SGLang (0.5.12 on, v2 worker, topk 1) switches the step count per batch-size tier among
+each tier's `candidate_steps`, by the accept length alone (target = round(EMA accept) + 1).
+Its config is JSON: {"<smallest batch size of the tier>": {"candidate_steps": [...]}, ...};
+a batch goes to the tier with the largest key at or below its size (after padding to a
+captured graph size), and keys that are not integers are ignored.
+
+Here each tier is a bucket of the profile (1, 2, 3-4, 5-8, ...: the key is its smallest
+batch size) and its candidates are the step counts whose predicted tokens/s is within
+`margin` of the bucket's best prediction: the cost the accept-length rule never looks at
+narrows what it may choose from. Step 0 (no drafting) is never proposed: a speculative
+profile does not measure plain decoding.
+"""
+
+from __future__ import annotations
+
+from .window import bucket_order
+
+DEFAULT_MARGIN = 0.03
+
+
+def candidates(adv: dict, margin: float = DEFAULT_MARGIN) -> list[int]:
+    """The step counts within `margin` of the best central prediction, the best among them."""
+    best = next(r for r in adv["rows"] if r["steps"] == adv["best"])
+    floor = best["tokens_per_s"] * (1.0 - margin)
+    return sorted(r["steps"] for r in adv["rows"] if r["tokens_per_s"] >= floor)
+
+
+def upstream_config(summary: dict, advice: dict, margin: float = DEFAULT_MARGIN, source: str = "") -> dict:
+    """The config JSON for the buckets the advisor had figures for (none: an empty dict)."""
+    cfg, why = {}, {}
+    for key in sorted(advice, key=bucket_order):
+        adv = advice[key]
+        steps = candidates(adv, margin)
+        cfg[str(bucket_order(key))] = {"candidate_steps": steps}
+        why[key] = {
+            "candidate_steps": steps,
+            "best": adv["best"],
+            "predicted_tokens_per_s": {str(r["steps"]): r["tokens_per_s"] for r in adv["rows"]},
+            "extrapolated_steps": [r["steps"] for r in adv["rows"] if r["extrapolated"]],
+        }
+    if not cfg:
+        return {}
+    conf = summary.get("config", {})
+    # not an integer key: SGLang's loader skips it
+    cfg["specprof"] = {
+        "source": source,
+        "profiled_steps": conf.get("num_steps"),
+        "topk": conf.get("topk"),
+        "margin": margin,
+        "buckets": why,
+    }
+    return cfg
+
+
+def notes(cfg: dict) -> list[str]:
+    """A line for each bucket whose candidates were all predicted beyond the profiled steps,
+    where the acceptance is an extrapolation (the advisor holds the last measured position)."""
+    meta = cfg.get("specprof", {})
+    out = []
+    for key, b in meta.get("buckets", {}).items():
+        if b["candidate_steps"] and set(b["candidate_steps"]) <= set(b["extrapolated_steps"]):
+            out.append(f"bs {key}: every candidate is beyond the profiled {meta.get('profiled_steps')} steps, where "
+                       f"acceptance is extrapolated; a profile at {b['best']} steps would measure it")
+    return out
