@@ -1092,6 +1092,24 @@ def test_the_phase_sampling_option_is_checked():
     spa.validate(Args())
 
 
+def test_adaptive_speculation_is_refused_until_it_is_timed():
+    from sglang.specprof import server_args as spa
+
+    class Args:
+        speculative_profile = True
+        speculative_algorithm = "EAGLE3"
+        speculative_profile_interval = 100
+        speculative_profile_output = None
+        speculative_adaptive = True
+
+    with pytest.raises(spa.SpecProfileArgError, match="does not time --speculative-adaptive yet"):
+        spa.validate(Args())
+    Args.speculative_adaptive = False
+    spa.validate(Args())
+    Args.speculative_profile, Args.speculative_adaptive = False, True  # adaptive alone: upstream's business
+    spa.validate(Args())
+
+
 def test_a_signal_pauses_the_profiler_and_the_next_resumes_it(monkeypatch):
     """SGLANG_SPECPROF_PAUSE_SIGNAL: the hooks go to the null profiler while paused (nothing
     counted), a cycle cut by the pause is dropped, and the counts after the resume are exact."""

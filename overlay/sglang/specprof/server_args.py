@@ -89,6 +89,13 @@ def validate(args) -> None:
             f"--speculative-profile times the EAGLE and EAGLE3 workers only, "
             f"not --speculative-algorithm {algo}."
         )
+    if getattr(args, "speculative_adaptive", False):
+        # upstream switches the step count batch by batch: a window keyed by one step count
+        # would mix them, and the advisor would read the mix as one setting
+        raise SpecProfileArgError(
+            "--speculative-profile does not time --speculative-adaptive yet (its step count changes from batch "
+            "to batch): profile without it, and `sglang-specprof report --adaptive-config` writes its config."
+        )
     interval = args.speculative_profile_interval
     if not isinstance(interval, int) or interval < 1:
         raise SpecProfileArgError(f"--speculative-profile-interval must be 1 or more, not {interval}.")
