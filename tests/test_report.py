@@ -555,7 +555,8 @@ def test_adaptive_config_is_what_sglang_loads_and_routes_each_batch_to_its_bucke
         assert adv["best"] in steps and steps == sorted(steps) and min(steps) >= 1
         assert all(tok[s] >= 0.97 * tok[adv["best"]] for s in steps)
         assert all(s in steps for s, t in tok.items() if t >= 0.97 * tok[adv["best"]])
-    assert f"--speculative-adaptive-config {out}" in err
+    top = max(s for k, v in conf.items() if k.isdigit() for s in v["candidate_steps"])
+    assert f"--speculative-adaptive-config {out} --speculative-num-steps {top} --speculative-num-draft-tokens {top + 1}" in err
     # SGLang's loader takes it, and its router sends each batch size to the tier of its bucket
     up = _upstream_adaptive()
     params = up.AdaptiveSpeculativeParams(initial_steps=3, cfg_path=str(out))

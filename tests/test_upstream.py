@@ -11,18 +11,22 @@ def _file(name, sha="0" * 64, yanked=False):
     return {"filename": name, "hashes": {"sha256": sha}, "yanked": yanked}
 
 
-def test_releases_from_the_file_list():
+def test_releases_from_the_file_list(tmp_path):
     data = {"files": [_file("sglang-0.5.8-py3-none-any.whl"), _file("sglang-0.5.8.tar.gz"),
                       _file("sglang-0.5.8.post1-py3-none-any.whl"), _file("sglang-0.5.9rc1-py3-none-any.whl"),
                       _file("sglang-0.5.10-py3-none-any.whl", yanked=True), _file("sglang-0.5.11.tar.gz"),
                       _file("sglang_router-0.1.0-py3-none-any.whl"), _file("sglang-0.5.12-cp312-cp312-linux.whl")]}
     assert upstream.releases(data) == ["0.5.8", "0.5.8.post1", "0.5.11", "0.5.12"]
     s = upstream.survey(data)
-    assert s["newest_series"] == release.available()[-1]
-    have = set(release.available())
-    assert s["without_series"] == [v for v in ["0.5.8", "0.5.8.post1", "0.5.11", "0.5.12"] if v not in have]
-    assert "0.5.11" in s["without_series"]
-    assert s["newer"] == []
+    assert s["newest_series"] == release.available()[-1] and s["newer"] == []
+    assert s["without_series"] == [v for v in ["0.5.8", "0.5.8.post1", "0.5.11", "0.5.12"]
+                                   if v not in release.available()]
+    # a folder with gaps between its series (every release from 0.5.8 on has one in patches/)
+    for v in ("0.5.8", "0.5.12", "0.5.23"):
+        shutil.copytree(release.PATCHES / f"sglang-{v}", tmp_path / f"sglang-{v}")
+    (tmp_path / "default").write_text("0.5.12\n")
+    s = upstream.survey(data, tmp_path)
+    assert s["newest_series"] == "0.5.23" and s["without_series"] == ["0.5.8.post1", "0.5.11"] and s["newer"] == []
 
 
 def _fake_release(tmp_path, wheel, version, listed=None):

@@ -84,8 +84,12 @@ def main(argv=None) -> int:
                                              f"{args.adaptive_config} was not written")
                 _write(args.adaptive_config, json.dumps(conf, indent=1) + "\n")
                 tiers = ", ".join(f"bs {k}+: {v['candidate_steps']}" for k, v in conf.items() if k.isdigit())
+                top = max(s for k, v in conf.items() if k.isdigit() for s in v["candidate_steps"])
+                # SGLang sizes its graph buffers by the launch step count: a larger candidate stops it at capture
                 print(f"sglang-specprof: adaptive config in {args.adaptive_config} ({tiers}); serve with "
-                      f"--speculative-adaptive --speculative-adaptive-config {args.adaptive_config}", file=sys.stderr)
+                      f"--speculative-adaptive --speculative-adaptive-config {args.adaptive_config} "
+                      f"--speculative-num-steps {top} --speculative-num-draft-tokens {top + 1} (the largest candidate: "
+                      f"SGLang sizes its graph buffers by the launch step count)", file=sys.stderr)
                 for n in adaptive.notes(conf):
                     print(f"sglang-specprof: note: {n}", file=sys.stderr)
             if args.trace:
