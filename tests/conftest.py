@@ -17,6 +17,23 @@ def run_build(*args, env=None, cwd=ROOT):
                           capture_output=True, text=True)
 
 
+def pinned_wheel(version):
+    """The pinned upstream wheel of `version` for this interpreter, from the shared download cache."""
+    rel = release.load(version)
+    return fetch.fetch(rel.pin, fetch.choose(rel.pin), fetch.default_cache(), log=lambda m: None)
+
+
+def patches_with_gaps(folder, versions, default):
+    """A folder of series holding only `versions` (every release from 0.5.8 on has one in patches/)."""
+    import shutil
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for v in versions:
+        shutil.copytree(release.PATCHES / f"sglang-{v}", folder / f"sglang-{v}")
+    (folder / "default").write_text(default + "\n")
+    return folder
+
+
 @pytest.fixture(scope="session")
 def default_release():
     return release.load(release.default_release())
@@ -24,9 +41,8 @@ def default_release():
 
 @pytest.fixture(scope="session")
 def upstream_wheel(default_release):
-    """The pinned upstream wheel for this interpreter, from the shared download cache."""
-    name = fetch.choose(default_release.pin)
-    return fetch.fetch(default_release.pin, name, fetch.default_cache(), log=lambda m: None)
+    """The default release's pinned upstream wheel for this interpreter."""
+    return pinned_wheel(default_release.version)
 
 
 @pytest.fixture(scope="session")

@@ -4,7 +4,7 @@ import zipfile
 
 import pytest
 
-from conftest import ROOT, run_build
+from conftest import ROOT, pinned_wheel, run_build
 from specprof_build import export, hookmap, rebase, release
 from specprof_build.errors import BuildError
 
@@ -191,15 +191,11 @@ def test_every_model_runner_attribute_a_hook_reads_exists_in_its_release(version
     attribute the release does not have (0.5.14 renamed the model runner's `graph_runner`)
     would stop the worker. Each `model_runner.X` a series reads is one its release sets."""
     import re
-    import zipfile
-
-    from specprof_build import fetch
 
     rel = release.load(version)
     added = "\n".join(line for p in rel.patches for line in p.read_text().splitlines() if line.startswith("+"))
     names = set(re.findall(r"model_runner\.(\w+)", added))
-    wheel = fetch.fetch(rel.pin, fetch.choose(rel.pin), fetch.default_cache(), log=lambda m: None)
-    with zipfile.ZipFile(wheel) as z:
+    with zipfile.ZipFile(pinned_wheel(version)) as z:
         src = z.read("sglang/srt/model_executor/model_runner.py").decode()
     for name in names:
         assert re.search(rf"self\.{name}\s*[:=]|def {name}\(", src), f"{version}: model_runner.{name} is not set there"
@@ -301,12 +297,11 @@ def test_every_name_a_hook_reads_is_there_in_its_release(version, tmp_path):
     rebase that applies cleanly still leaves the old name where upstream renamed it (0.5.17's
     `can_cuda_graph`), which stops the worker at its first cycle. Each name a hook call reads
     is bound in its function by then, and each attribute is one the release sets."""
-    from specprof_build import apply, fetch, repack
+    from specprof_build import apply, repack
 
     rel = release.load(version)
-    wheel = fetch.fetch(rel.pin, fetch.choose(rel.pin), fetch.default_cache(), log=lambda m: None)
     tree = tmp_path / "tree"
-    repack.unpack_sources(wheel, tree)
+    repack.unpack_sources(pinned_wheel(version), tree)
     apply.apply_series(tree, rel.patches, log=lambda m: None)
     files = sorted({f for p in rel.patches for f in apply.hunks(p.read_text())})
     assert files

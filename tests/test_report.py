@@ -520,11 +520,9 @@ def _upstream_adaptive(version="0.5.16"):
     import types
     import zipfile
 
-    from specprof_build import fetch, release
+    from conftest import pinned_wheel
 
-    rel = release.load(version)
-    wheel = fetch.fetch(rel.pin, fetch.choose(rel.pin), fetch.default_cache(), log=lambda m: None)
-    with zipfile.ZipFile(wheel) as z:
+    with zipfile.ZipFile(pinned_wheel(version)) as z:
         src = z.read("sglang/srt/speculative/adaptive_spec_params.py").decode()
     line = "from sglang.srt.utils import log_info_on_rank0"
     assert line in src
@@ -543,11 +541,7 @@ def test_adaptive_config_is_what_sglang_loads_and_routes_each_batch_to_its_bucke
     code, stdout, err = run_cli("report", str(src), "--adaptive-config", str(out), capsys=capsys)
     assert code == 0 and "advisor" in stdout  # the report as usual, and the config beside it
     conf = json.loads(out.read_text())
-    windows, _ = report.load(str(src))
-    merge = report.Merge()
-    for w in windows:
-        merge.add(w)
-    advice = report.advise(merge.result())
+    advice = report.advise(report.summarize(report.load(str(src))[0]))
     assert sorted(int(k) for k in conf if k.isdigit()) == sorted(bucket_order(k) for k in advice) and len(advice) >= 4
     for key, adv in advice.items():
         steps = conf[str(bucket_order(key))]["candidate_steps"]

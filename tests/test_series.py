@@ -1,8 +1,7 @@
 """The series file, the pin and their lint."""
-import shutil
-
 import pytest
 
+from conftest import patches_with_gaps
 from specprof_build import release
 from specprof_build.errors import BuildError
 
@@ -99,10 +98,7 @@ def test_unknown_release_names_supported_ones_and_the_fix():
     ("0.6.0", "the nearest 0.5.23 (older)", "0.5.23"),
 ])
 def test_an_unsupported_release_names_the_nearest_and_rebases_from_the_older(version, near, start, tmp_path):
-    # a folder with gaps between its series (every release from 0.5.8 on has one in patches/)
-    for v in ("0.5.8", "0.5.9", "0.5.12", "0.5.16", "0.5.23"):
-        shutil.copytree(release.PATCHES / f"sglang-{v}", tmp_path / f"sglang-{v}")
-    (tmp_path / "default").write_text("0.5.16\n")
+    patches_with_gaps(tmp_path, ("0.5.8", "0.5.9", "0.5.12", "0.5.16", "0.5.23"), "0.5.16")
     with pytest.raises(BuildError) as e:
         release.load(version, tmp_path)
     msg = str(e.value)

@@ -4,6 +4,7 @@ import shutil
 
 import pytest
 
+from conftest import patches_with_gaps
 from specprof_build import cli, release, upstream
 
 
@@ -21,11 +22,7 @@ def test_releases_from_the_file_list(tmp_path):
     assert s["newest_series"] == release.available()[-1] and s["newer"] == []
     assert s["without_series"] == [v for v in ["0.5.8", "0.5.8.post1", "0.5.11", "0.5.12"]
                                    if v not in release.available()]
-    # a folder with gaps between its series (every release from 0.5.8 on has one in patches/)
-    for v in ("0.5.8", "0.5.12", "0.5.23"):
-        shutil.copytree(release.PATCHES / f"sglang-{v}", tmp_path / f"sglang-{v}")
-    (tmp_path / "default").write_text("0.5.12\n")
-    s = upstream.survey(data, tmp_path)
+    s = upstream.survey(data, patches_with_gaps(tmp_path, ("0.5.8", "0.5.12", "0.5.23"), "0.5.12"))
     assert s["newest_series"] == "0.5.23" and s["without_series"] == ["0.5.8.post1", "0.5.11"] and s["newer"] == []
 
 
@@ -39,15 +36,6 @@ def _fake_release(tmp_path, wheel, version, listed=None):
                   + [_file(name, sha)]}
 
 
-def _series(tmp_path, keep):
-    patches = tmp_path / "patches"
-    patches.mkdir()
-    for v in keep:
-        shutil.copytree(release.PATCHES / f"sglang-{v}", patches / f"sglang-{v}")
-    (patches / "default").write_text(keep[-1] + "\n")
-    return patches
-
-
 def _listing(folder):
     return sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
 
@@ -55,7 +43,7 @@ def _listing(folder):
 def test_a_newer_release_the_newest_series_applies_to(tmp_path, upstream_wheel, default_release, monkeypatch, capsys):
     wheel, data = _fake_release(tmp_path, upstream_wheel, "9.9.9", [default_release.version])
     monkeypatch.setattr(upstream, "simple_index", lambda timeout=30: data)
-    patches = _series(tmp_path, [default_release.version])
+    patches = patches_with_gaps(tmp_path / "patches", [default_release.version], default_release.version)
     before = _listing(patches)
     code = cli.main(["upstream", "--patches", str(patches), "--from-wheel", str(wheel)])
     got = capsys.readouterr()
