@@ -1092,22 +1092,43 @@ def test_the_phase_sampling_option_is_checked():
     spa.validate(Args())
 
 
-def test_adaptive_speculation_is_refused_until_it_is_timed():
+def test_adaptive_speculation_is_timed_where_the_series_says_so():
+    """A release whose series passes each cycle's step count adds the policy field to its
+    ServerArgs; elsewhere the profiler refuses --speculative-adaptive, and the policy option
+    is refused without what it needs, each in one sentence."""
     from sglang.specprof import server_args as spa
 
-    class Args:
+    class Args:  # a release without the adaptive hooks (no speculative_adaptive_policy field)
         speculative_profile = True
         speculative_algorithm = "EAGLE3"
         speculative_profile_interval = 100
         speculative_profile_output = None
         speculative_adaptive = True
 
-    with pytest.raises(spa.SpecProfileArgError, match="does not time --speculative-adaptive yet"):
+    with pytest.raises(spa.SpecProfileArgError, match="times --speculative-adaptive on SGLang 0.5.16 only"):
         spa.validate(Args())
     Args.speculative_adaptive = False
     spa.validate(Args())
     Args.speculative_profile, Args.speculative_adaptive = False, True  # adaptive alone: upstream's business
     spa.validate(Args())
+
+    class Timed(Args):  # 0.5.16's series: the field is there
+        speculative_profile = True
+        speculative_adaptive = True
+        speculative_adaptive_policy = None
+
+    spa.validate(Timed())
+    Timed.speculative_adaptive_policy = "cost"
+    spa.validate(Timed())
+    Timed.speculative_profile = False
+    with pytest.raises(spa.SpecProfileArgError, match="takes its figures from the profile: add --speculative-profile"):
+        spa.validate(Timed())
+    Timed.speculative_profile, Timed.speculative_adaptive = True, False
+    with pytest.raises(spa.SpecProfileArgError, match="only takes effect with --speculative-adaptive"):
+        spa.validate(Timed())
+    Timed.speculative_adaptive, Timed.speculative_adaptive_policy = True, "fast"
+    with pytest.raises(spa.SpecProfileArgError, match="takes ema or cost, not fast"):
+        spa.validate(Timed())
 
 
 def test_a_signal_pauses_the_profiler_and_the_next_resumes_it(monkeypatch):

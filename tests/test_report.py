@@ -533,7 +533,7 @@ def _upstream_adaptive(version="0.5.16"):
 
 
 def test_adaptive_config_is_what_sglang_loads_and_routes_each_batch_to_its_bucket(tmp_path, capsys):
-    from sglang_specprof.window import bucket_of, bucket_order
+    from sglang_specprof.window import bucket_bs, bucket_of
 
     src = tmp_path / "p.jsonl"
     src.write_bytes(__import__("lzma").decompress((DATA / "exact" / "0.5.16-h" / "profile-s3k1.jsonl.xz").read_bytes()))
@@ -542,9 +542,9 @@ def test_adaptive_config_is_what_sglang_loads_and_routes_each_batch_to_its_bucke
     assert code == 0 and "advisor" in stdout  # the report as usual, and the config beside it
     conf = json.loads(out.read_text())
     advice = report.advise(report.summarize(report.load(str(src))[0]))
-    assert sorted(int(k) for k in conf if k.isdigit()) == sorted(bucket_order(k) for k in advice) and len(advice) >= 4
+    assert sorted(int(k) for k in conf if k.isdigit()) == sorted(bucket_bs(k) for k in advice) and len(advice) >= 4
     for key, adv in advice.items():
-        steps = conf[str(bucket_order(key))]["candidate_steps"]
+        steps = conf[str(bucket_bs(key))]["candidate_steps"]
         tok = {r["steps"]: r["tokens_per_s"] for r in adv["rows"]}
         assert adv["best"] in steps and steps == sorted(steps) and min(steps) >= 1
         assert all(tok[s] >= 0.97 * tok[adv["best"]] for s in steps)
@@ -558,8 +558,8 @@ def test_adaptive_config_is_what_sglang_loads_and_routes_each_batch_to_its_bucke
     for bs in range(1, 33):
         key = bucket_of(bs)
         if key in advice:
-            assert params._route(bs).candidate_steps == conf[str(bucket_order(key))]["candidate_steps"], bs
-            assert params.get_steps_for_batch(bs) in conf[str(bucket_order(key))]["candidate_steps"]
+            assert params._route(bs).candidate_steps == conf[str(bucket_bs(key))]["candidate_steps"], bs
+            assert params.get_steps_for_batch(bs) in conf[str(bucket_bs(key))]["candidate_steps"]
     assert up.resolve_candidate_steps_from_config(str(out)) == sorted(
         {s for k, v in conf.items() if k.isdigit() for s in v["candidate_steps"]})
 

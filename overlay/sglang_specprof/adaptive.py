@@ -15,7 +15,7 @@ profile does not measure plain decoding.
 
 from __future__ import annotations
 
-from .window import bucket_order
+from .window import bucket_bs, bucket_order
 
 DEFAULT_MARGIN = 0.03
 
@@ -30,10 +30,18 @@ def candidates(adv: dict, margin: float = DEFAULT_MARGIN) -> list[int]:
 def upstream_config(summary: dict, advice: dict, margin: float = DEFAULT_MARGIN, source: str = "") -> dict:
     """The config JSON for the buckets the advisor had figures for (none: an empty dict)."""
     cfg, why = {}, {}
+    # an adaptive profile has a bucket per batch size and step count ("5-8@2"): a tier takes
+    # the advice of the one with the most cycles
+    chosen = {}
     for key in sorted(advice, key=bucket_order):
+        bs = bucket_bs(key)
+        cycles = (summary.get("buckets", {}).get(key) or {}).get("cycles") or 0
+        if bs not in chosen or cycles > chosen[bs][1]:
+            chosen[bs] = (key, cycles)
+    for bs, (key, _) in sorted(chosen.items()):
         adv = advice[key]
         steps = candidates(adv, margin)
-        cfg[str(bucket_order(key))] = {"candidate_steps": steps}
+        cfg[str(bs)] = {"candidate_steps": steps}
         why[key] = {
             "candidate_steps": steps,
             "best": adv["best"],

@@ -159,7 +159,10 @@ def window_advice(summary: dict) -> dict:
         return out
     for key, b in (summary.get("buckets") or {}).items():
         try:
-            inp = inputs_from_bucket(b, steps)
+            at = b.get("steps", steps)  # an adaptive profile's bucket: the step count it ran at
+            if not at:
+                continue
+            inp = inputs_from_bucket(b, at)
             if inp is not None:
                 out[key] = predict(inp)
         except Exception:
@@ -205,8 +208,10 @@ def _wls(xs: list[list[float]], ys: list[float], ws: list[float]):
 
 def fit_verify(points: list, steps: int) -> Growth | None:
     """What a verified token adds to verify, from [requests per cycle, context tokens, verify ms,
-    cycles] points (one per window and bucket, `report.verify_points`)."""
-    pts = [(r * (steps + 1), ctx, v, c) for r, ctx, v, c in points if c and r]
+    cycles(, step count)] points (one per window and bucket, `report.verify_points`; a point
+    without its own step count was run at `steps`)."""
+    pts = [(p[0] * ((p[4] if len(p) > 4 and p[4] is not None else steps) + 1), p[1], p[2], p[3])
+           for p in points if p[3] and p[0]]
     if len({round(t, 3) for t, _, _, _ in pts}) < 2:
         return None  # one batch size: verify's growth with tokens is not seen
     ws = [c for _, _, _, c in pts]

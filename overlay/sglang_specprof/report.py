@@ -380,17 +380,18 @@ def merge_buckets(windows) -> dict:
 
 
 def verify_points(windows: list[dict]) -> list[list]:
-    """[requests per cycle, context tokens per cycle or None, verify GPU ms, cycles] for each
-    window's buckets: what the advisor fits the growth of verify with tokens on."""
+    """[requests per cycle, context tokens per cycle or None, verify GPU ms, cycles, step count
+    or None] for each window's buckets: what the advisor fits the growth of verify with tokens
+    on (the step count: a bucket of an adaptive profile's, else the profile's)."""
     pts = []
     for w in windows:
-        for b in w["buckets"].values():
+        for key, b in w["buckets"].items():
             v = (b["phases"].get(advisor.VERIFY) or {}).get("gpu_ms", {}).get("mean")
             reqs = b["accept"].get("verified_requests")
             if v is None or not b["cycles"] or not reqs:
                 continue
             ctx = (b.get("context_tokens") or {}).get("mean")
-            pts.append([round(reqs / b["cycles"], 4), ctx, v, b["cycles"]])
+            pts.append([round(reqs / b["cycles"], 4), ctx, v, b["cycles"], window.bucket_steps(key)])
     return pts
 
 
@@ -403,7 +404,10 @@ def advise(summary: dict) -> dict:
         return out
     fit = advisor.fit_verify(summary.get("verify_points") or [], steps)
     for key, b in summary["buckets"].items():
-        inp = advisor.inputs_from_bucket(b, steps, fit)
+        at = window.bucket_steps(key)
+        if at == 0:
+            continue  # no drafting: nothing to predict other step counts from
+        inp = advisor.inputs_from_bucket(b, steps if at is None else at, fit)
         if inp is None:
             continue
         if topk and topk > 1:

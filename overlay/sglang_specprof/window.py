@@ -45,14 +45,34 @@ class Cycle:
     # the first decode cycle after prefills: the GPU time between them and beside them (host
     # work admitting the requests: neither decode nor prefill time)
     beside_prefill_ms: float | None = None
+    steps: int | None = None  # the step count it ran at, under --speculative-adaptive (else None)
 
 
 GRAPH_KINDS = ("draft", "verify", "draft_extend")  # the forwards that replay a CUDA graph or run eager
 
 
-def bucket_order(key: str) -> int:
-    """The sort key of a bucket's name: its smallest batch size."""
-    return int(key.split("-")[0])
+def bucket_order(key: str) -> tuple[int, int]:
+    """The sort key of a bucket's name: its smallest batch size, then its step count."""
+    bs, _, steps = key.partition("@")
+    return int(bs.split("-")[0]), int(steps) if steps else -1
+
+
+def bucket_bs(key: str) -> int:
+    """A bucket's smallest batch size ("5-8@2" -> 5)."""
+    return bucket_order(key)[0]
+
+
+def bucket_steps(key: str) -> int | None:
+    """The step count a bucket's cycles ran at, when its name says ("5-8@2" -> 2): under
+    --speculative-adaptive a bucket is a batch-size bucket at one step count."""
+    steps = bucket_order(key)[1]
+    return None if steps < 0 else steps
+
+
+def bucket_key(bs: int, steps: int | None = None) -> str:
+    """The bucket of a batch size ("5-8"), at a step count when there is one ("5-8@2")."""
+    key = bucket_of(bs)
+    return key if steps is None else f"{key}@{steps}"
 
 
 def bucket_of(bs: int) -> str:
@@ -354,15 +374,15 @@ class Window:
         self.slowest: Cycle | None = None  # the decode cycle with the longest phases, kept whole
         self._slowest_ms = -1.0
 
-    def bucket(self, bs: int) -> Bucket:
-        key = bucket_of(bs)
+    def bucket(self, bs: int, steps: int | None = None) -> Bucket:
+        key = bucket_key(bs, steps)
         b = self.buckets.get(key)
         if b is None:
             b = self.buckets[key] = Bucket()
         return b
 
     def add_cycle(self, c: Cycle, end_host_s: float | None = None) -> None:
-        self.bucket(c.bs).add_cycle(c)
+        self.bucket(c.bs, c.steps).add_cycle(c)
         if c.kind == "decode":
             self.decode_cycles += 1
             if c.whole is None and c.host_start_s is not None and len(c.host_offsets_ms) == len(c.phases):
@@ -375,18 +395,19 @@ class Window:
         if end_host_s is not None:
             self.last_host_s = end_host_s
 
-    def uncharge(self, bs: int, ms: float) -> None:
+    def uncharge(self, bs: int, ms: float, steps: int | None = None) -> None:
         """A cycle read before it was found drained: its time is not decode time."""
-        b = self.bucket(bs)
+        b = self.bucket(bs, steps)
         b.decode_ms -= ms
         b.drain_cycles += 1
 
-    def add_accept(self, correct_per_req: list[int], committed: list[int] | None = None, skipped: int = 0) -> None:
+    def add_accept(self, correct_per_req: list[int], committed: list[int] | None = None, skipped: int = 0,
+                   steps: int | None = None) -> None:
         """One cycle's acceptance, in the bucket of its batch size (the requests that took its
-        tokens and the `skipped` ones that were in the batch but took none)."""
+        tokens and the `skipped` ones that were in the batch but took none) and step count."""
         bs = len(correct_per_req) + skipped
         if bs:
-            self.bucket(bs).add_accept(correct_per_req, committed, skipped)
+            self.bucket(bs, steps).add_accept(correct_per_req, committed, skipped)
 
     @property
     def host_seconds(self) -> float:
@@ -399,7 +420,10 @@ class Window:
         `pause`: called between buckets (the folder's thread gives the GIL back there)."""
         buckets = {}
         for key in sorted(self.buckets, key=bucket_order):
-            buckets[key] = self.buckets[key].summary(num_steps)
+            steps = bucket_steps(key)
+            buckets[key] = self.buckets[key].summary(num_steps if steps is None else steps)
+            if steps is not None:
+                buckets[key]["steps"] = steps
             if pause is not None:
                 pause()
         bs = self.buckets.values()

@@ -75,6 +75,7 @@ class Folder:
         self.window = Window(0)
         self.on_close = on_close  # called with each closed window's summary (on the outputs thread)
         self.on_error = on_error  # called with an exception the reading or folding raised
+        self.observer = None  # told of each cycle read and each list settled (the cost policy), on this thread
         self.dropped_batches = 0  # windows whose outputs were dropped: the outputs were stuck
         self.threaded = threaded
         self.gate = Gate()
@@ -182,16 +183,24 @@ class Folder:
                         return False  # read at the next hand-over
                     w = self.window
                     if s.kind == "decode" and r.decode_read >= (w.index + 1) * self.interval:
-                        self.early.append(r.slot_read(s, w.index + 1))
+                        read = r.slot_read(s, w.index + 1)
+                        self.early.append(read)
                     else:
-                        w.add_cycle(*r.slot_read(s, w.index))
+                        read = r.slot_read(s, w.index)
+                        w.add_cycle(*read)
+                    obs = self.observer
+                    if obs is not None:
+                        obs.cycle(read[0])
                 elif kind == "accept":
-                    un = r.settle(it[1], it[3], self.window.index)
+                    un, steps = r.settle(it[1], it[3], self.window.index)
                     if un is not None:
                         self.window.uncharge(*un)
-                    self.window.add_accept(it[1], it[2], it[3])
+                    self.window.add_accept(it[1], it[2], it[3], steps)
+                    obs = self.observer
+                    if obs is not None:  # the cost policy's live figures (policy.py)
+                        obs.accept(it[1], it[2], it[3], steps)
                 elif kind == "lost":
-                    r.lost(it[1])
+                    r.lost(*it[1:])
                 elif kind == "resync":
                     r.resync()
                 elif kind == "kernels":

@@ -16,6 +16,7 @@ from sglang_specprof.ranks import RankExchange, exchange_folder
 from .jsonl import JsonlSink, rank_path
 from .kernel_sampler import CYCLES, KernelSampler
 from .null import NullProfiler
+from .policy import POLICY_SIGNAL_ENV, CostPolicy, follow_signal
 from .profiler import Profiler
 from .sinks import Advice
 
@@ -36,6 +37,9 @@ def disable(reason: str) -> None:
         _state["warned"] = True
         logger.warning("speculative profile disabled after an internal error (%s); the server keeps serving.", reason)
     old, P = P, NullProfiler()
+    policy = getattr(old, "policy", None)
+    if policy is not None:  # its figures stop: upstream's rule takes over
+        policy.mode = "ema"
     close = getattr(old, "close", None)
     if close is not None:
         close()
@@ -98,6 +102,9 @@ def install(server_args, tp_rank: int = 0, worker: str = "v2") -> None:
             "cuda_graph": not getattr(server_args, "disable_cuda_graph", False),
             "phases_every": getattr(server_args, "speculative_profile_phases_every", 1) or 1,
         }
+        if getattr(server_args, "speculative_adaptive", False):
+            config["adaptive"] = True
+            config["adaptive_policy"] = getattr(server_args, "speculative_adaptive_policy", None) or "ema"
         try:
             import sglang
 
@@ -151,6 +158,26 @@ def install(server_args, tp_rank: int = 0, worker: str = "v2") -> None:
         P = NullProfiler()
 
 
+def adaptive(controller, server_args) -> None:
+    """SGLang's adaptive controller was made (--speculative-adaptive): with
+    --speculative-adaptive-policy cost (or the policy signal set, for benchmarks) its chooser
+    becomes the cost policy, fed by the profiler (policy.py)."""
+    mode = getattr(server_args, "speculative_adaptive_policy", None) or "ema"
+    if not P.enabled or (mode == "ema" and not os.environ.get(POLICY_SIGNAL_ENV)):
+        return
+    try:
+        policy = CostPolicy(controller.params, mode=mode)
+        controller.params = policy
+        P.policy = policy
+        P.folder.observer = policy
+        follow_signal(policy)
+        logger.info("speculative adaptive policy %s (tiers %s, candidates %s)", mode,
+                    ", ".join(map(str, policy.bs_list)), policy.candidate_steps)
+    except Exception as e:
+        logger.warning("speculative adaptive policy could not start (%s: %s); upstream's rule is used.",
+                       type(e).__name__, e)
+
+
 def internal_state() -> dict:
     """The key added to /server_info's internal_states.
 
@@ -159,4 +186,8 @@ def internal_state() -> dict:
     finished one.
     """
     P.catch_up()
-    return {"enabled": P.enabled, "latest": P.latest(), "totals": P.totals_now()}
+    out = {"enabled": P.enabled, "latest": P.latest(), "totals": P.totals_now()}
+    policy = getattr(P, "policy", None) or getattr(_state["paused"], "policy", None)
+    if policy is not None:
+        out["adaptive_policy"] = policy.state()
+    return out

@@ -11,7 +11,7 @@ class NullProfiler:
 
     enabled = False
 
-    def begin(self, kind, bs, ctx=None):
+    def begin(self, kind, bs, ctx=None, steps=None):
         pass
 
     def mark(self, name):

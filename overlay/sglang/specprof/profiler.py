@@ -38,6 +38,7 @@ MAX_MARKS = 64  # phase marks a cycle may hold (a cycle records about 12); beyon
 POOL = 64  # cycles in flight at most; beyond that the oldest is dropped and counted
 BEHIND = POOL // 4  # free slots below which the scheduler's thread reads cycles itself
 HAND_OVER = 16  # items held on the scheduler's thread before they go to the reader (about 8 cycles)
+SWITCHES_KEPT = 256  # step-count changes a window keeps (--speculative-adaptive); beyond, counted
 
 
 class Profiler(GraphHooks, AcceptHooks, NullProfiler):
@@ -94,6 +95,14 @@ class Profiler(GraphHooks, AcceptHooks, NullProfiler):
         self.open_commit = None  # (reqs, correct, visible before) between commit_begin and commit_end
         self.uncut_cycles = 0  # v2 cycles counted without their commit (a hook not reached): counted as verified
         self.eager = dict.fromkeys(GRAPH_KINDS, 0)
+        # --speculative-adaptive: each decode cycle's step count keys its bucket ("5-8@2"), and
+        # each change of it between decode cycles is kept for the window (which batch size,
+        # from and to, when); SWITCHES_KEPT a window at most, the rest counted
+        self.adaptive = bool(self.config.get("adaptive"))
+        self.policy = None  # the cost policy (policy.py), when it chooses the step counts
+        self.last_steps = None
+        self.switches: list = []
+        self.switches_over = 0
         self._gc_t0 = None
         self._gc_cb = None
         # The tokens since start, counted on this thread where they are committed, so that
@@ -152,8 +161,9 @@ class Profiler(GraphHooks, AcceptHooks, NullProfiler):
         return len(self.free) < BEHIND
 
     # -- hot path: the hooks, each a few attribute writes and at most one event ----------
-    def begin(self, kind, bs, ctx=None):
-        """A cycle of `bs` requests starts; `ctx`: the sum of their sequence lengths (KV tokens)."""
+    def begin(self, kind, bs, ctx=None, steps=None):
+        """A cycle of `bs` requests starts; `ctx`: the sum of their sequence lengths (KV tokens);
+        `steps`: the step count it runs at (read under --speculative-adaptive only)."""
         if self.broken:
             return
         try:
@@ -163,6 +173,10 @@ class Profiler(GraphHooks, AcceptHooks, NullProfiler):
             if self.cur is not None:  # a cycle that never ended (an exception upstream): discard it
                 self.reader.recycle(self.cur)
                 self.cur = None
+            if not self.adaptive:
+                steps = None
+            elif kind == "decode" and steps != self.last_steps:
+                self._switched(bs, steps)
             free = self.free
             if self.behind():  # the reader got no turn (or events do not complete)
                 self._hand_over()
@@ -170,11 +184,12 @@ class Profiler(GraphHooks, AcceptHooks, NullProfiler):
                     self.folder.help()
                 if not free:  # every slot waits for its events: this cycle is not timed
                     self.dropped += 1
-                    self.items.append(("lost", kind))
+                    self.items.append(("lost", kind, steps))
                     return
             s = free.popleft()  # reset when it was given back
             s.kind = kind
             s.bs = bs
+            s.steps = steps
             s.seq = seq = self.seq
             self.seq = seq + 1
             if not self.detail_all and kind == "decode":
@@ -239,6 +254,15 @@ class Profiler(GraphHooks, AcceptHooks, NullProfiler):
         if self.open_at_end:
             self.gate.open()
 
+    def _switched(self, bs, steps):
+        old, self.last_steps = self.last_steps, steps
+        if old is None:
+            return
+        if len(self.switches) < SWITCHES_KEPT:
+            self.switches.append({"t_s": round(self.clock(), 6), "bs": bs, "from": old, "to": steps})
+        else:
+            self.switches_over += 1
+
     def _record(self, s, name):
         n = s.n
         if n == len(s.events):
@@ -267,7 +291,14 @@ class Profiler(GraphHooks, AcceptHooks, NullProfiler):
             "uncut_cycles": self.uncut_cycles,
             "dropped": self.dropped,
             "tokens": dict(self.tokens),
+            **({"adaptive": {"steps": self.last_steps, "switches": self.switches,
+                             "switches_not_kept": self.switches_over,
+                             "policy": None if self.policy is None else self.policy.state()}}
+               if self.adaptive else {}),
         }))
+        if self.adaptive:
+            self.switches = []
+            self.switches_over = 0
         self._hand_over()
         self._detail_seen.clear()  # each batch size's first cycle in the next window: timed by phase
         k = self.reader.kernels

@@ -29,7 +29,7 @@ def context_tokens(ctx):
 class Slot:
     __slots__ = ("events", "host", "names", "n", "step_events", "ns", "kind", "bs", "ctx", "graph", "steps_key",
                  "steps_replay", "steps_ms", "seq", "gc_ms", "span", "detail", "eager_steps", "replaying",
-                 "replayed")
+                 "replayed", "steps")
 
     def __init__(self, backend):
         self.events = [backend.new_event() for _ in range(FIRST_MARKS)]
@@ -56,6 +56,7 @@ class Slot:
         self.gc_ms = 0.0
         self.span = 0.0
         self.detail = True  # every phase timed; False: the cycle's first and last event only
+        self.steps = None  # the step count it ran at (--speculative-adaptive only)
 
 
 class Reader:
@@ -82,7 +83,10 @@ class Reader:
         self.decode_read = 0
         self.decode_settled = 0
         self.drain_pending: set = set()  # cycles found drained before they were read
-        self.charged: deque = deque(maxlen=2 * pool)  # (cycle index, window, bs, ms) of recent reads
+        self.charged: deque = deque(maxlen=2 * pool)  # (cycle index, window, bs, ms, steps) of recent reads
+        # (cycle index, step count) of the decode cycles read and not yet settled, under
+        # --speculative-adaptive: the k-th list takes the k-th cycle's step count
+        self.unsettled_steps: deque = deque(maxlen=4 * pool)
 
     def attach(self):
         """The reader thread starts: the device's context there (the GPU backend)."""
@@ -105,41 +109,51 @@ class Reader:
 
     def slot_drop(self, s):
         self.dropped += 1
-        self.lost(s.kind)
+        self.lost(s.kind, s.steps)
         self.recycle(s)
 
-    def lost(self, kind):
+    def lost(self, kind, steps=None):
         """A cycle that was not timed: it still takes its place in the order of settling."""
         if kind == "decode":
+            if steps is not None:
+                self.unsettled_steps.append((self.decode_read, steps))
             self.decode_read += 1
 
     def resync(self):
         """After a pause: cycles read before it may have lost their acceptance lists; the next
         list settles the next cycle read."""
         self.decode_settled = self.decode_read
+        self.unsettled_steps.clear()
         self.drain_pending.clear()
         self.prefill_chain = []
         self.prefill_chain_bs = 0
 
     def settle(self, correct, skipped, window):
         """The k-th acceptance list settles the k-th decode cycle: one whose requests had all
-        finished is a drain cycle. Returns (bs, ms) to take out of the open window, if any."""
+        finished is a drain cycle. Returns ((bs, ms, steps) to take out of the open window, or
+        None; the step count the k-th cycle ran at, or None)."""
         k = self.decode_settled
         self.decode_settled = k + 1
+        steps = None
+        us = self.unsettled_steps
+        while us and us[0][0] <= k:
+            idx, st = us.popleft()
+            if idx == k:
+                steps = st
         if not (skipped and not correct):
-            return None
+            return None, steps
         with self.lock:
             t = self.timing
             t["drain_cycles"] += 1
-            for i, (idx, win, bs, ms) in enumerate(self.charged):
+            for i, (idx, win, bs, ms, st) in enumerate(self.charged):
                 if idx == k:
                     t["decode_gpu_ms"] -= ms
                     t["drain_gpu_ms"] += ms
                     del self.charged[i]
-                    return (bs, ms) if win == window else None
+                    return ((bs, ms, st) if win == window else None), steps
         if k >= self.decode_read:
             self.drain_pending.add(k)
-        return None
+        return None, steps
 
     def slot_read(self, s, window):
         """A completed cycle's events: (Cycle, host time of its last mark) for the window."""
@@ -196,7 +210,8 @@ class Reader:
             self.prefill_chain_bs = 0
         c = Cycle(kind=s.kind, bs=s.bs, context_tokens=s.ctx, phases=phases, steps_gpu_ms=steps, gap_gpu_ms=gap,
                   period_host_ms=period, graph=s.graph, host_start_s=h0, host_offsets_ms=offsets,
-                  period_gpu_ms=gpu_period, host_pause_ms=s.gc_ms, whole=whole, beside_prefill_ms=beside)
+                  period_gpu_ms=gpu_period, host_pause_ms=s.gc_ms, whole=whole, beside_prefill_ms=beside,
+                  steps=s.steps)
         with self.lock:
             t = self.timing
             t[s.kind + "_cycles"] = t.get(s.kind + "_cycles", 0) + 1
@@ -216,13 +231,15 @@ class Reader:
                 ms = span + (gap or 0.0)
                 k = self.decode_read
                 self.decode_read = k + 1
+                if s.steps is not None:
+                    self.unsettled_steps.append((k, s.steps))
                 if k in self.drain_pending:
                     self.drain_pending.discard(k)
                     c.drained = True
                     t["drain_gpu_ms"] += ms
                 else:
                     t["decode_gpu_ms"] += ms
-                    self.charged.append((k, window, s.bs, ms))
+                    self.charged.append((k, window, s.bs, ms, s.steps))
         k = self.kernels
         if k is not None and s.seq in k.seqs:  # a kernel sample's cycle: its event times, to compare
             k.event_ms[s.seq] = [[name, g] for name, g, _ in phases]

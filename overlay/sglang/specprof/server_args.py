@@ -15,6 +15,11 @@ import stat
 PROFILED_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN")
 KERNELS_EVERY = 400  # --speculative-profile-kernels without N: one sample every 400 windows (about 0.24 s each)
 PHASES_EVERY = 4  # each batch size's cycles timed phase by phase one in 4 (the rest: start and end only)
+ADAPTIVE_POLICIES = ("ema", "cost")
+# A series that times --speculative-adaptive (it passes each cycle's step count to the profiler
+# and hooks the adaptive controller) adds this field to ServerArgs; without it, the profiler
+# refuses adaptive speculation rather than mix step counts in one bucket.
+ADAPTIVE_FIELD = "speculative_adaptive_policy"
 
 
 class SpecProfileArgError(ValueError):
@@ -65,10 +70,30 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         "of each batch size (the others record two events, not twelve). 1: every phase of "
         f"every cycle, at about three times the host time (default: {PHASES_EVERY}).",
     )
+    group.add_argument(
+        "--speculative-adaptive-policy",
+        choices=ADAPTIVE_POLICIES,
+        default=None,
+        help="With --speculative-adaptive: how each batch-size tier picks its step count. ema: "
+        "upstream's rule (one step more than the average accept length); cost: the candidate "
+        "with the highest tokens/s from the live profile (measured per step count, exploring the "
+        "others), needs --speculative-profile (default: ema).",
+    )
 
 
 def validate(args) -> None:
     """Raise SpecProfileArgError if the profiler options cannot work together."""
+    policy = getattr(args, ADAPTIVE_FIELD, None)
+    if policy is not None:
+        if policy not in ADAPTIVE_POLICIES:
+            raise SpecProfileArgError(f"--speculative-adaptive-policy takes {' or '.join(ADAPTIVE_POLICIES)}, "
+                                      f"not {policy}.")
+        if not getattr(args, "speculative_adaptive", False):
+            raise SpecProfileArgError("--speculative-adaptive-policy only takes effect with --speculative-adaptive; "
+                                      "add it.")
+        if policy == "cost" and not getattr(args, "speculative_profile", False):
+            raise SpecProfileArgError("--speculative-adaptive-policy cost takes its figures from the profile: add "
+                                      "--speculative-profile.")
     if not getattr(args, "speculative_profile", False):
         for opt in ("output", "kernels", "phases_every"):
             value = getattr(args, f"speculative_profile_{opt}", None)
@@ -89,12 +114,13 @@ def validate(args) -> None:
             f"--speculative-profile times the EAGLE and EAGLE3 workers only, "
             f"not --speculative-algorithm {algo}."
         )
-    if getattr(args, "speculative_adaptive", False):
-        # upstream switches the step count batch by batch: a window keyed by one step count
-        # would mix them, and the advisor would read the mix as one setting
+    if getattr(args, "speculative_adaptive", False) and not hasattr(args, ADAPTIVE_FIELD):
+        # upstream switches the step count batch by batch: without each cycle's step count a
+        # bucket would mix them, and the advisor would read the mix as one setting
         raise SpecProfileArgError(
-            "--speculative-profile does not time --speculative-adaptive yet (its step count changes from batch "
-            "to batch): profile without it, and `sglang-specprof report --adaptive-config` writes its config."
+            "--speculative-profile times --speculative-adaptive on SGLang 0.5.16 only (its step count changes from "
+            "batch to batch): profile without it here, and `sglang-specprof report --adaptive-config` writes its "
+            "config."
         )
     interval = args.speculative_profile_interval
     if not isinstance(interval, int) or interval < 1:
@@ -134,6 +160,9 @@ def from_cli_args(parser: argparse.ArgumentParser, server_args_cls, raw_args):
     the command line can still be refused with a usage error."""
     try:
         args = server_args_cls.from_cli_args(raw_args)
+        if getattr(raw_args, ADAPTIVE_FIELD, None) is not None and not hasattr(args, ADAPTIVE_FIELD):
+            raise SpecProfileArgError("--speculative-adaptive-policy needs SGLang 0.5.16's adaptive speculation "
+                                      "hooks, which this release's series does not have.")
         validate(args)
         return args
     except SpecProfileArgError as e:

@@ -1,0 +1,352 @@
+"""--speculative-adaptive-policy cost: SGLang's adaptive step choice, made from the live profile.
+
+SGLang's `--speculative-adaptive` keeps, per batch-size tier, a list of candidate step counts
+with CUDA graphs for each, and picks one from an average of the accept length (one step more
+than it). That rule never weighs what a step costs. `CostPolicy` takes the place of its
+chooser (`AdaptiveSpeculativeParams`, the object the controller asks which step count a batch
+runs at) and, per tier, runs the candidate with the highest tokens/s:
+
+- tokens a request commits per cycle at s steps, 1 + a_1 + a_1 a_2 + ... + a_1...a_s, from
+  per-position acceptance pooled over every step count the tier ran (a request run at s
+  steps says nothing past position s: it is cut there, not rejected), so that the figure
+  of one candidate is not the noise of its own few cycles;
+- over the cycle's GPU period at s steps: measured, for a candidate run lately; predicted
+  for the others from the step count running now, by the slope of a line through the
+  fresh measurements, or at least the draft model's step time measured now;
+- explored: a rival predicted faster, or a neighbour not measured lately whose prediction is
+  within EXPLORE_MARGIN, runs until its period is measured (MIN_CYCLES), so that candidate
+  costs are measured rather than extrapolated; the next decision keeps the best;
+- with hysteresis: a rival must beat the current figure by HYSTERESIS to take its place, and
+  each switch is logged with both figures.
+
+The folder's reader thread feeds `cycle` (each decode cycle read) and `accept` (each list
+settled, with the step count its cycle ran at).
+
+Decisions run every UPDATE_CYCLES of a tier's decode cycles on the scheduler's thread
+(a few dozen arithmetic operations); the figures are folded on the reader thread.
+
+For benchmarks, `SGLANG_SPECPROF_POLICY_SIGNAL` names a signal that makes the scheduler
+process read the mode from `SGLANG_SPECPROF_POLICY_FILE`: `cost`, `ema` (upstream's rule) or
+a step count to pin every tier to; /server_info's `speculative_profile.adaptive_policy` says
+which is in force. So one server runs the static settings, upstream's policy and this one
+round by round.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import os
+import signal
+
+logger = logging.getLogger("sglang.specprof")
+
+UPDATE_CYCLES = 16  # a tier's decode cycles between two decisions
+MIN_CYCLES = 16  # cycles a period needs to count as measured: a probe runs that long
+STALE_CYCLES = 1000  # a tier's cycles after which a candidate's period is stale (explored again)
+EXPLORE_MARGIN = 0.15  # explore a neighbour predicted within 15% of the current figure
+HYSTERESIS = 0.02  # a measured rival takes over when 2% faster
+DECAY = 0.98  # weight each new cycle leaves to the ones before (an average over about 50 cycles)
+POLICY_SIGNAL_ENV = "SGLANG_SPECPROF_POLICY_SIGNAL"
+POLICY_FILE_ENV = "SGLANG_SPECPROF_POLICY_FILE"
+MODES = ("cost", "ema")
+
+
+class Period:
+    """A candidate's GPU period per cycle in one tier: a decayed mean over its recent cycles."""
+
+    __slots__ = ("w", "total", "bs", "steps_w", "step_ms", "seen_at", "cycles")
+
+    def __init__(self):
+        self.w = self.total = self.bs = 0.0
+        self.steps_w = self.step_ms = 0.0  # the draft model's step time, where its events were read
+        self.seen_at = -1  # the tier's cycle count when it last ran
+        self.cycles = 0  # cycles since it was (re)started
+
+    def add(self, ms, bs, step_ms):
+        self.w = self.w * DECAY + 1.0
+        self.total = self.total * DECAY + ms
+        self.bs = self.bs * DECAY + bs
+        if step_ms:
+            self.steps_w = self.steps_w * DECAY + 1.0
+            self.step_ms = self.step_ms * DECAY + step_ms
+        self.cycles += 1
+
+    def measured(self) -> bool:
+        return self.cycles >= MIN_CYCLES
+
+    def mean(self):
+        return self.total / self.w
+
+    def mean_bs(self):
+        return self.bs / self.w if self.w else 0.0
+
+    def mean_step(self):
+        return self.step_ms / self.steps_w if self.steps_w else None
+
+
+class Acceptance:
+    """Per-position acceptance of one tier, pooled over the step counts it ran at: at position
+    p, the requests that reached it (p - 1 drafts right, run at p steps or more) and those that
+    got it right too; decayed like the periods."""
+
+    def __init__(self):
+        self.reached: list[float] = []  # index p - 1
+        self.passed: list[float] = []
+        self.lists = 0
+
+    def add(self, correct, steps):
+        if steps <= 0:
+            return
+        r, ps = self.reached, self.passed
+        while len(r) < steps:
+            r.append(0.0)
+            ps.append(0.0)
+        for i in range(len(r)):
+            r[i] *= DECAY
+            ps[i] *= DECAY
+        counts = [0] * (steps + 1)  # requests by correct drafts
+        for c in correct:
+            counts[min(max(int(c), 0), steps)] += 1
+        at = len(correct)  # requests that reached position p
+        for p in range(1, steps + 1):
+            r[p - 1] += at
+            at -= counts[p - 1]
+            ps[p - 1] += at
+        self.lists += 1
+
+    def rates(self) -> list[float]:
+        return [ps / r if r > 0 else 0.0 for ps, r in zip(self.passed, self.reached)]
+
+    def tokens(self, steps: int) -> float | None:
+        """Tokens a request commits per cycle at `steps`: 1 + sum over p of a_1 ... a_p; past the
+        positions measured, the last one is held (the optimistic side; a probe measures it)."""
+        if steps <= 0:
+            return 1.0
+        a = self.rates()
+        if not a:
+            return None
+        e, run = 1.0, 1.0
+        for p in range(steps):
+            run *= a[p] if p < len(a) else a[-1]
+            e += run
+        return e
+
+
+class Tier:
+    """One of upstream's batch-size tiers: its candidates, the step count it runs, its figures."""
+
+    def __init__(self, key, candidates, steps):
+        self.key = key
+        self.candidates = sorted(set(candidates))
+        self.steps = steps if steps in self.candidates else self.candidates[len(self.candidates) // 2]
+        self.periods = {c: Period() for c in self.candidates}
+        self.accept = Acceptance()
+        self.cycles = 0  # decode cycles of this tier (the scheduler's count)
+        self.next_decision = UPDATE_CYCLES
+        self.probing = None  # the candidate being measured, while a probe runs
+        self.last = {}  # the figures of the last decision, for /server_info and the profile
+
+    def fresh(self, c) -> bool:
+        f = self.periods[c]
+        return f.measured() and self.cycles - f.seen_at <= STALE_CYCLES
+
+    def period(self, c):
+        """(GPU ms per cycle at `c`, "measured" or "predicted"), or (None, "unknown")."""
+        if self.fresh(c):
+            return self.periods[c].mean(), "measured"
+        cur = self.periods[self.steps]
+        if not cur.measured():
+            return None, "unknown"
+        pts = [(k, self.periods[k].mean()) for k in self.candidates if self.fresh(k)]
+        slope = 0.0
+        if len(pts) >= 2:
+            n = len(pts)
+            mx = sum(k for k, _ in pts) / n
+            my = sum(t for _, t in pts) / n
+            sxx = sum((k - mx) ** 2 for k, _ in pts)
+            slope = max(sum((k - mx) * (t - my) for k, t in pts) / sxx if sxx > 0 else 0.0, 0.0)
+        step = cur.mean_step()
+        if step is not None and step > slope:
+            slope = step
+        return max(cur.mean() + slope * (c - self.steps), 1e-6), "predicted"
+
+    def rate(self, c):
+        """(tokens a request gets per GPU ms at `c`, how its period is known)."""
+        t, how = self.period(c)
+        e = self.accept.tokens(c)
+        if t is None or e is None:
+            return None, "unknown"
+        return e / t, how
+
+
+class CostPolicy:
+    """Stands where upstream's AdaptiveSpeculativeParams stood; keeps it for `ema` mode and
+    for what the controller reads of it (candidate steps, graph batch sizes)."""
+
+    def __init__(self, upstream, mode="cost"):
+        self.up = upstream
+        self.mode = mode
+        slots = upstream._slots  # tier -> AdaptiveStepSlot (0.5.16): its candidates and first step count
+        self.bs_list = sorted(slots)
+        self.tiers = {bs: Tier(bs, slots[bs].candidate_steps, slots[bs].current_steps) for bs in self.bs_list}
+        self.cuda_graph_bs = None
+        self.pinned = None
+        self.switches = 0
+
+    # -- what the controller calls (upstream's interface) --------------------------------------
+    @property
+    def candidate_steps(self):
+        return self.up.candidate_steps
+
+    def set_cuda_graph_bs(self, cuda_graph_bs):
+        self.up.set_cuda_graph_bs(cuda_graph_bs)
+        self.cuda_graph_bs = sorted(cuda_graph_bs) if cuda_graph_bs else None
+
+    def cuda_graph_bs_for_step(self, step):
+        return self.up.cuda_graph_bs_for_step(step)
+
+    def get_steps_for_batch(self, batch_size):
+        if self.pinned is not None:
+            return self.pinned
+        if self.mode == "ema":
+            return self.up.get_steps_for_batch(batch_size)
+        return self.tier(batch_size).steps
+
+    def on_verify_complete(self, num_correct_drafts_per_req, batch_size):
+        if self.pinned is not None:
+            return None
+        if self.mode == "ema":
+            return self.up.on_verify_complete(num_correct_drafts_per_req, batch_size)
+        try:
+            t = self.tier(batch_size)
+            t.cycles += 1
+            if t.cycles >= t.next_decision:
+                return self.decide(t)
+        except Exception as e:  # never take the server down: upstream's rule takes over
+            logger.warning("speculative adaptive policy: %s: %s; upstream's rule takes over.", type(e).__name__, e)
+            self.mode = "ema"
+        return None
+
+    def tier(self, bs):
+        """Upstream's routing: the batch size padded to a graph's, then the largest tier key at
+        or below it."""
+        g = self.cuda_graph_bs
+        if g is not None:
+            i = bisect.bisect_left(g, bs)
+            bs = g[i] if i < len(g) else bs
+        i = bisect.bisect_right(self.bs_list, bs) - 1
+        return self.tiers[self.bs_list[max(0, i)]]
+
+    # -- the live figures (the folder's reader thread) ------------------------------------------
+    def learning(self) -> bool:
+        """The figures are the cost policy's own: not fed while it is not choosing (pinned, ema)."""
+        return self.mode == "cost" and self.pinned is None
+
+    def cycle(self, c):
+        """A decode cycle read: its GPU period at its step count."""
+        if c.kind != "decode" or c.steps is None or c.drained or not self.learning():
+            return
+        t = self.tier(c.bs)
+        f = t.periods.get(c.steps)
+        ms = c.period_gpu_ms
+        if f is None or ms is None:  # the first after an idle spell or a prefill: no period
+            return
+        # the draft model's steps: the first reads the inputs, those after it are what one more costs
+        steps = c.steps_gpu_ms[1:] if len(c.steps_gpu_ms) > 1 else c.steps_gpu_ms
+        f.add(ms, c.bs, sum(steps) / len(steps) if steps else 0.0)
+        f.seen_at = t.cycles
+
+    def accept(self, correct, committed, skipped, steps):
+        """A cycle's acceptance settled, at the step count that cycle ran at."""
+        if steps is None or not correct or not self.learning():
+            return
+        self.tier(len(correct) + skipped).accept.add(correct, steps)
+
+    # -- the decision (the scheduler's thread) ---------------------------------------------------
+    def decide(self, t):
+        t.next_decision = t.cycles + UPDATE_CYCLES
+        cur = t.steps
+        if t.probing is not None:
+            if not t.periods[t.probing].measured():
+                return None  # the probe runs on until measured
+            t.probing = None
+        rates = {c: t.rate(c) for c in t.candidates}
+        bs = t.periods[cur].mean_bs() or t.key
+        t.last = {c: (None if r is None else round(r * bs * 1000.0, 1), how) for c, (r, how) in rates.items()}
+        here = rates[cur][0]
+        if here is None:
+            return None  # nothing measured yet at the step count it runs
+        best = max((c for c in t.candidates if rates[c][0] is not None), key=lambda c: rates[c][0])
+        b_rate, b_how = rates[best]
+        if best != cur and b_rate > here * (1 + HYSTERESIS):
+            if b_how == "measured":
+                return self._switch(t, best, "measured", here, b_rate)
+            return self._probe(t, best, here, b_rate)
+        # explore: a neighbour not measured lately, when its prediction is close enough
+        i = t.candidates.index(cur)
+        for j in (i - 1, i + 1):
+            if 0 <= j < len(t.candidates):
+                c = t.candidates[j]
+                r, how = rates[c]
+                if how == "predicted" and r >= here * (1 - EXPLORE_MARGIN):
+                    return self._probe(t, c, here, r)
+        return None
+
+    def _probe(self, t, c, here, r):
+        t.probing = c
+        t.periods[c] = Period()  # measured afresh: what it had is stale
+        return self._switch(t, c, "probe", here, r)
+
+    def _switch(self, t, new, why, old_rate, new_rate):
+        old = t.steps
+        t.steps = new
+        self.switches += 1
+        bs = t.periods[old].mean_bs() or t.key
+        logger.info("speculative adaptive (cost): tier %s, steps %d -> %d (%s: %.0f -> %.0f tok/s at batch %.1f)",
+                    t.key, old, new, why, old_rate * bs * 1000.0, new_rate * bs * 1000.0, bs)
+        return new
+
+    # -- reads ------------------------------------------------------------------------------
+    def state(self) -> dict:
+        """What /server_info and each profile window show of the policy."""
+        mode = f"pinned {self.pinned}" if self.pinned is not None else self.mode
+        return {"mode": mode, "switches": self.switches,
+                "tiers": {str(k): {"steps": t.steps, "probing": t.probing,
+                                   "tokens_per_s": {str(c): v for c, v in t.last.items()}}
+                          for k, t in self.tiers.items()}}
+
+    def set_mode(self, text: str) -> None:
+        """`cost`, `ema`, or a step count to pin every tier to (benchmarks)."""
+        text = text.strip()
+        if text in MODES:
+            self.mode, self.pinned = text, None
+        elif text.isdigit() and int(text) in self.up.candidate_steps:
+            self.pinned = int(text)
+        else:
+            raise ValueError(f"not a mode: {text!r} (cost, ema, or one of the candidate steps "
+                             f"{self.up.candidate_steps})")
+
+
+def follow_signal(policy: CostPolicy) -> None:
+    """SGLANG_SPECPROF_POLICY_SIGNAL=SIGUSR1 (say): that signal makes the process read its mode
+    from SGLANG_SPECPROF_POLICY_FILE."""
+    name = os.environ.get(POLICY_SIGNAL_ENV)
+    path = os.environ.get(POLICY_FILE_ENV)
+    if not name or not path:
+        return
+
+    def reread(signum=None, frame=None):
+        try:
+            with open(path) as f:
+                policy.set_mode(f.read())
+            logger.info("speculative adaptive policy: %s", policy.state()["mode"])
+        except (OSError, ValueError) as e:
+            logger.warning("speculative adaptive policy: mode unchanged (%s)", e)
+
+    try:
+        signum = getattr(signal, name if name.startswith("SIG") else "SIG" + name)
+        signal.signal(signum, reread)
+        logger.info("speculative adaptive policy: %s to pid %d reads its mode from %s", signum.name, os.getpid(), path)
+    except (AttributeError, ValueError, OSError) as e:
+        logger.warning("speculative adaptive policy: %s=%s not followed (%s)", POLICY_SIGNAL_ENV, name, e)

@@ -1,0 +1,288 @@
+"""--speculative-adaptive: the profile keyed by the step count each cycle ran at, and the cost
+policy (overlay/sglang/specprof/policy.py) on SGLang's own adaptive chooser."""
+import random
+
+import pytest
+
+from fakes import FakeBackend
+from sglang.specprof import hooks
+from sglang.specprof import policy as pol
+from sglang.specprof.profiler import Profiler
+from sglang_specprof import report
+
+
+class Req:
+    def __init__(self):
+        self.output_ids = [0]
+        self.finished_len = None
+        self.is_retracted = False
+
+
+def _profiler(interval=1000, **kw):
+    b = FakeBackend()
+    out = []
+    p = Profiler(b, interval=interval, sink=out.append, clock=b.clock, log_table=False,
+                 config={"num_steps": 3, "worker": "v2", "adaptive": True}, **kw)
+    return p, b, out
+
+
+class Load:
+    """v2 decode cycles in the scheduler's order under overlap: cycle N is launched (begin ..
+    end) before the result of cycle N-1 is harvested and committed, so a step count switched
+    between the two must not be read off the worker at the harvest."""
+
+    def __init__(self, p, b, reqs, cost=lambda s, bs: 2.0 + 0.5 * s, draws=None):
+        self.p, self.b, self.reqs = p, b, reqs
+        self.cost = cost
+        self.draws = draws or (lambda s, n: [s] * n)  # correct drafts per request at s steps
+        self.pending = None
+        self.client = 0
+
+    def cycle(self, steps):
+        p, b, reqs = self.p, self.b, self.reqs
+        p.begin("decode", len(reqs), None, steps)
+        b.advance(self.cost(steps, len(reqs)) * 0.4)
+        p.mark("draft")
+        b.advance(self.cost(steps, len(reqs)) * 0.6)
+        p.mark("verify")
+        p.end()
+        self.result()
+        self.pending = self.draws(steps, len(reqs))
+
+    def result(self):
+        if self.pending is None:
+            return
+        correct, self.pending = self.pending, None
+        p = self.p
+        p.harvest(correct)
+        p.commit_begin(self.reqs)
+        for r, c in zip(self.reqs, correct):
+            r.output_ids.extend([0] * (c + 1))
+            self.client += c + 1
+        p.commit_end()
+
+
+def test_buckets_are_keyed_by_the_step_count_each_cycle_ran_at():
+    p, b, out = _profiler(interval=30)
+    load = Load(p, b, [Req() for _ in range(2)])
+    plan = [3] * 10 + [1] * 10 + [3] * 5 + [2] * 5
+    for s in plan:
+        load.cycle(s)
+    load.result()
+    assert p.flush()
+    (w,) = out
+    assert set(w["buckets"]) == {"2@1", "2@2", "2@3"}
+    for key, s, n in (("2@1", 1, 10), ("2@2", 2, 5), ("2@3", 3, 15)):
+        bk = w["buckets"][key]
+        assert bk["steps"] == s and bk["cycles"] == n
+        # every draft right at s steps: s + 1 tokens each, from the harvest one cycle later
+        assert bk["accept"]["mean_length"] == s + 1 and bk["accept"]["verified_requests"] == 2 * n
+        assert len(bk["accept"]["per_position"]) == s
+        assert bk["phases"]["verify"]["gpu_ms"]["mean"] == pytest.approx((2.0 + 0.5 * s) * 0.6)
+    assert w["totals"]["committed_tokens"] == load.client == sum(2 * (s + 1) for s in plan)
+    sw = w["adaptive"]["switches"]
+    assert [(x["from"], x["to"], x["bs"]) for x in sw] == [(3, 1, 2), (1, 3, 2), (3, 2, 2)]
+    assert sw[0]["t_s"] < sw[1]["t_s"] < sw[2]["t_s"] and w["adaptive"]["steps"] == 2
+    # the report and the advisor read each bucket at its own step count
+    summary = report.summarize(out)
+    advice = report.advise(summary)
+    assert {k: a["profiled_steps"] for k, a in advice.items()} == {"2@1": 1, "2@2": 2, "2@3": 3}
+    assert all(len(p) == 5 for p in summary["verify_points"])
+
+
+def test_a_fixed_step_count_keeps_the_plain_bucket_names():
+    b = FakeBackend()
+    out = []
+    p = Profiler(b, interval=5, sink=out.append, clock=b.clock, log_table=False, config={"num_steps": 3, "worker": "v2"})
+    load = Load(p, b, [Req()])
+    for _ in range(7):
+        load.cycle(3)  # 0.5.16's series passes the step count whether adaptive or not
+    assert p.flush()
+    assert set(out[0]["buckets"]) == {"1"} and "adaptive" not in out[0] and "steps" not in out[0]["buckets"]["1"]
+
+
+# -- the cost policy -------------------------------------------------------------------------
+
+
+def _upstream(config):
+    """SGLang 0.5.16's own AdaptiveSpeculativeParams with a config, from the pinned wheel."""
+    import json
+    import tempfile
+
+    from test_report import _upstream_adaptive
+
+    mod = _upstream_adaptive("0.5.16")
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(config, f)
+    return mod.AdaptiveSpeculativeParams(initial_steps=3, cfg_path=f.name)
+
+
+def multinomial(mean, rng):
+    """SGLang's SGLANG_SIMULATE_ACC_METHOD=multinomial: an accept length from N(mean, 1), rounded,
+    clipped to 1..steps + 1; correct drafts = length - 1."""
+    def draws(steps, n):
+        return [min(max(round(rng.gauss(mean, 1.0)), 1), steps + 1) - 1 for _ in range(n)]
+    return draws
+
+
+def expected_rate(mean, cost, bs, steps, n=40000):
+    rng = random.Random(7)
+    d = multinomial(mean, rng)
+    tok = sum(c + 1 for c in d(steps, n)) / n
+    return bs * tok / cost(steps, bs)
+
+
+def run_policy(policy, p, b, bs, mean, cost, cycles, seed=1, hook=None):
+    """A server's loop: the controller asks the step count for each batch, the worker runs it,
+    the result comes back one cycle later and feeds the controller and the profiler."""
+    rng = random.Random(seed)
+    load = Load(p, b, [Req() for _ in range(bs)], cost=cost, draws=multinomial(mean, rng))
+    steps = policy.get_steps_for_batch(bs)
+    used = []
+    for i in range(cycles):
+        if hook is not None:
+            hook(i)
+        steps = policy.get_steps_for_batch(bs)
+        used.append(steps)
+        pending_before = load.pending
+        load.cycle(steps)
+        if pending_before is not None:
+            policy.on_verify_complete(pending_before, bs)
+        if i % 8 == 7:
+            p.flush()  # the reader's turn
+    return used, load
+
+
+def _cost_policy(config, **kw):
+    p, b, out = _profiler(interval=200)
+    policy = pol.CostPolicy(_upstream(config))
+    p.policy = policy
+    p.folder.observer = policy
+    return policy, p, b, out
+
+
+@pytest.mark.parametrize("bs, mean, cost", [
+    (1, 3.0, lambda s, bs: 7.0 + 0.45 * s),  # cheap draft steps: many of them pay
+    (1, 2.0, lambda s, bs: 7.0 + 1.6 * s),  # dear steps, low acceptance: few
+    (16, 3.0, lambda s, bs: 9.0 + 2.2 * s + 0.04 * bs * s),  # a busy batch: verify grows with tokens
+])
+def test_the_cost_policy_settles_on_the_fastest_candidate(bs, mean, cost):
+    cands = [1, 2, 3, 4, 5]
+    policy, p, b, out = _cost_policy({"1": {"candidate_steps": cands}})
+    used, _ = run_policy(policy, p, b, bs, mean, cost, 3000)
+    rates = {s: expected_rate(mean, cost, bs, s) for s in cands}
+    best = max(rates, key=rates.get)
+    tail = used[-1000:]
+    # most of the last thousand cycles at a candidate within 2% of the best (a probe now and then)
+    near = [s for s in cands if rates[s] >= 0.98 * rates[best]]
+    assert sum(s in near for s in tail) >= 0.85 * len(tail), (rates, {s: tail.count(s) for s in cands})
+    got = sum(rates[s] for s in tail) / len(tail)
+    assert got >= 0.97 * rates[best], (got, rates)
+    # it measured what it settled on, and did not flap: a switch per 30 cycles at most
+    t = policy.tiers[1]
+    assert t.probing is not None or t.last[t.steps][1] == "measured"
+    assert policy.switches <= len(used) / 30, policy.switches
+
+
+def test_the_cost_policy_follows_a_load_that_changes_regime_and_beats_the_ema_rule():
+    """One tier at batch 1 where the cost of a step grows midway (a longer context, say): the
+    best step count moves from 5 to 2. Upstream's rule only sees the accept length, which did
+    not change."""
+    cands = [1, 2, 3, 4, 5]
+    mean = 3.5
+    dear = {"on": False}
+
+    def cost(s, bs):
+        return 7.0 + (2.6 if dear["on"] else 0.3) * s
+
+    def shift(i):
+        dear["on"] = i >= 1500
+
+    policy, p, b, _ = _cost_policy({"1": {"candidate_steps": cands}})
+    used, _ = run_policy(policy, p, b, 1, mean, cost, 3000, hook=shift)
+    ups = _upstream({"1": {"candidate_steps": cands}})
+    p2, b2, _ = _profiler()
+    dear["on"] = False
+    used_ema, _ = run_policy(ups, p2, b2, 1, mean, cost, 3000, hook=shift)
+
+    def best(on):
+        dear["on"] = on
+        r = {s: expected_rate(mean, cost, 1, s) for s in cands}
+        return max(r, key=r.get)
+
+    assert best(False) >= 4 and best(True) <= 2
+    assert used[1000:1500].count(best(False)) >= 350 and used[2400:].count(best(True)) >= 500
+    # over the whole run, time per token: the cost policy ahead of the EMA rule by > 5%
+    def ms_per_token(used):
+        ms = tok = 0.0
+        rng = random.Random(3)
+        d = multinomial(mean, rng)
+        for i, s in enumerate(used):
+            dear["on"] = i >= 1500
+            ms += cost(s, 1)
+            tok += d(s, 1)[0] + 1
+        return ms / tok
+    assert ms_per_token(used) < 0.95 * ms_per_token(used_ema)
+
+
+def test_pinned_and_ema_modes_and_the_signal(tmp_path, monkeypatch):
+    cfg = {"1": {"candidate_steps": [1, 3, 5]}, "8": {"candidate_steps": [1, 2]}}
+    policy, p, b, out = _cost_policy(cfg)
+    policy.set_mode("5")
+    assert policy.get_steps_for_batch(1) == 5 and policy.get_steps_for_batch(8) == 5
+    assert policy.on_verify_complete([1], 1) is None and policy.state()["mode"] == "pinned 5"
+    with pytest.raises(ValueError, match="not a mode"):
+        policy.set_mode("4")  # no graphs for 4
+    policy.set_mode("ema")
+    assert policy.get_steps_for_batch(1) == policy.up.get_steps_for_batch(1)
+    policy.set_mode("cost")
+    assert policy.get_steps_for_batch(9) in (1, 2) and policy.candidate_steps == [1, 2, 3, 5]
+    mode = tmp_path / "mode"
+    mode.write_text("3\n")
+    monkeypatch.setenv(pol.POLICY_SIGNAL_ENV, "SIGUSR1")
+    monkeypatch.setenv(pol.POLICY_FILE_ENV, str(mode))
+    import os
+    import signal
+
+    old = signal.getsignal(signal.SIGUSR1)
+    try:
+        pol.follow_signal(policy)
+        os.kill(os.getpid(), signal.SIGUSR1)
+        assert policy.state()["mode"] == "pinned 3"
+        mode.write_text("nonsense")
+        os.kill(os.getpid(), signal.SIGUSR1)  # refused, logged: the mode stays
+        assert policy.state()["mode"] == "pinned 3"
+    finally:
+        signal.signal(signal.SIGUSR1, old)
+
+
+def test_hooks_hand_the_controller_to_the_policy_only_when_asked(monkeypatch):
+    class Args:
+        speculative_adaptive_policy = "cost"
+
+    class Controller:
+        def __init__(self):
+            self.params = _upstream({"1": {"candidate_steps": [1, 3]}})
+
+    p, b, out = _profiler()
+    monkeypatch.setattr(hooks, "P", p)
+    c = Controller()
+    hooks.adaptive(c, Args())
+    assert isinstance(c.params, pol.CostPolicy) and p.folder.observer is c.params and p.policy is c.params
+    assert hooks.internal_state()["adaptive_policy"]["mode"] == "cost"
+    Args.speculative_adaptive_policy = None  # upstream's rule: nothing replaced
+    c2 = Controller()
+    monkeypatch.delenv(pol.POLICY_SIGNAL_ENV, raising=False)
+    hooks.adaptive(c2, Args())
+    assert not isinstance(c2.params, pol.CostPolicy)
+    # an internal error of the profiler: upstream's rule takes over from the policy
+    hooks.disable("test")
+    assert c.params.mode == "ema"
+
+
+def test_the_policy_never_takes_the_server_down():
+    policy, p, b, out = _cost_policy({"1": {"candidate_steps": [1, 3]}})
+    policy.tiers[1].periods = None  # broken state
+    policy.tiers[1].next_decision = 0
+    assert policy.on_verify_complete([1], 1) is None
+    assert policy.mode == "ema" and policy.get_steps_for_batch(1) in (1, 3)
