@@ -38,7 +38,7 @@ from serving import eagle3_args, http, installed_sglang, load, machine, portable
 
 MODES = ["1", "2", "3", "4", "5", "ema", "cost"]
 CANDIDATES = [1, 2, 3, 4, 5]
-TIERS = [1, 2, 4, 8, 16, 32]
+TIERS = [1, 8, 16, 32]  # the tiers and the captured graph batch sizes: the loads run at these
 SIGNAL = "SIGUSR1"
 
 
