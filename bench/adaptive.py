@@ -3,10 +3,10 @@
 
 One server per acceptance mean (`--means`, SGLANG_SIMULATE_ACC_METHOD=multinomial) runs
 SGLang's `--speculative-adaptive` with the same candidates [1..5] in every batch-size tier,
-`--speculative-profile` and `--speculative-adaptive-policy cost`, and follows
-SGLANG_SPECPROF_POLICY_SIGNAL: before each run the benchmark writes the mode (`1`..`5`: every
-tier pinned to that step count; `ema`: upstream's rule; `cost`: the cost policy) and signals
-the scheduler, and checks /server_info says it took. So the static settings and both
+`--speculative-profile` and `--speculative-adaptive-policy cost`, and SGLANG_SPECPROF_POLICY_FILE: before each run the
+benchmark writes the mode there (`1`..`5`: every tier pinned to that step count; `ema`:
+upstream's rule; `cost`: the cost policy) and reads /server_info, which takes it, until it
+says it did. So the static settings and both
 policies run on the same process, graphs and memory, round by round in rotating order; each
 policy keeps its own state from one of its runs to the next (the cost policy learns only in
 its own runs).
@@ -26,8 +26,6 @@ import datetime
 import json
 import os
 import random
-import re
-import signal
 import statistics
 import sys
 import time
@@ -39,33 +37,19 @@ from serving import eagle3_args, http, installed_sglang, load, machine, portable
 MODES = ["1", "2", "3", "4", "5", "ema", "cost"]
 CANDIDATES = [1, 2, 3, 4, 5]
 TIERS = [1, 8, 16, 32]  # the tiers and the captured graph batch sizes: the loads run at these
-SIGNAL = "SIGUSR1"
-
-
-def scheduler_pids(log_path, timeout=60.0):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        with open(log_path, errors="replace") as f:
-            text = f.read()
-        pids = sorted({int(m) for m in re.findall(r"to pid (\d+) reads its mode", text)})
-        if pids:
-            return pids
-        time.sleep(0.5)
-    raise SystemExit(f"no scheduler pid found in {log_path}")
 
 
 class Mode:
-    def __init__(self, port, pids, path):
-        self.port, self.pids, self.path = port, pids, path
+    def __init__(self, port, path):
+        self.port, self.path = port, path
 
     def state(self):
         return http(self.port, "/server_info")["internal_states"][0]["speculative_profile"]
 
     def set(self, mode):
+        self.seq = getattr(self, "seq", 0) + 1
         with open(self.path, "w") as f:
-            f.write(mode)
-        for pid in self.pids:
-            os.kill(pid, getattr(signal, SIGNAL))
+            f.write(f"{mode} {self.seq}\n")  # a new text each time: the server reads it when it changed
         want = f"pinned {mode}" if mode.isdigit() else mode
         deadline = time.time() + 10
         while self.state()["adaptive_policy"]["mode"] != want:
@@ -136,7 +120,6 @@ def main():
             "--speculative-adaptive-policy", "cost", "--speculative-profile",
             "--speculative-profile-output", os.path.join(a.logs, f"profile-m{m:g}.jsonl")]
         env = dict(os.environ, SGLANG_SIMULATE_ACC_METHOD="multinomial", SGLANG_SIMULATE_ACC_LEN=str(m),
-                   SGLANG_SPECPROF_POLICY_SIGNAL=SIGNAL,
                    SGLANG_SPECPROF_POLICY_FILE=os.path.join(a.logs, f"mode-m{m:g}"))
         plan[f"m{m:g}"] = (argv, env)
     servers = start_all(plan, a.logs)
@@ -149,7 +132,7 @@ def main():
         modes = {}
         before = {}
         for name, srv in servers.items():
-            modes[name] = Mode(srv.port, scheduler_pids(srv.log_path), plan[name][1]["SGLANG_SPECPROF_POLICY_FILE"])
+            modes[name] = Mode(srv.port, plan[name][1]["SGLANG_SPECPROF_POLICY_FILE"])
             for c in a.concurrency:  # compile each batch size's kernels before anything is timed
                 load(srv.port, c, 32)
             time.sleep(1.0)

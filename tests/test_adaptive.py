@@ -225,7 +225,7 @@ def test_the_cost_policy_follows_a_load_that_changes_regime_and_beats_the_ema_ru
     assert ms_per_token(used) < 0.95 * ms_per_token(used_ema)
 
 
-def test_pinned_and_ema_modes_and_the_signal(tmp_path, monkeypatch):
+def test_pinned_and_ema_modes_and_the_mode_file(tmp_path, monkeypatch):
     cfg = {"1": {"candidate_steps": [1, 3, 5]}, "8": {"candidate_steps": [1, 2]}}
     policy, p, b, out = _cost_policy(cfg)
     policy.set_mode("5")
@@ -237,23 +237,19 @@ def test_pinned_and_ema_modes_and_the_signal(tmp_path, monkeypatch):
     assert policy.get_steps_for_batch(1) == policy.up.get_steps_for_batch(1)
     policy.set_mode("cost")
     assert policy.get_steps_for_batch(9) in (1, 2) and policy.candidate_steps == [1, 2, 3, 5]
+    # benchmarks: each /server_info read takes the mode from the file when it changed
     mode = tmp_path / "mode"
     mode.write_text("3\n")
-    monkeypatch.setenv(pol.POLICY_SIGNAL_ENV, "SIGUSR1")
     monkeypatch.setenv(pol.POLICY_FILE_ENV, str(mode))
-    import os
-    import signal
-
-    old = signal.getsignal(signal.SIGUSR1)
-    try:
-        pol.follow_signal(policy)
-        os.kill(os.getpid(), signal.SIGUSR1)
-        assert policy.state()["mode"] == "pinned 3"
-        mode.write_text("nonsense")
-        os.kill(os.getpid(), signal.SIGUSR1)  # refused, logged: the mode stays
-        assert policy.state()["mode"] == "pinned 3"
-    finally:
-        signal.signal(signal.SIGUSR1, old)
+    pol.follow_file(policy)
+    monkeypatch.setattr(hooks, "P", p)
+    assert hooks.internal_state()["adaptive_policy"]["mode"] == "pinned 3"
+    policy.set_mode("cost")
+    assert hooks.internal_state()["adaptive_policy"]["mode"] == "cost"  # the file did not change: not read again
+    mode.write_text("nonsense")
+    assert hooks.internal_state()["adaptive_policy"]["mode"] == "cost"  # refused, logged: the mode stays
+    mode.write_text("ema")
+    assert hooks.internal_state()["adaptive_policy"]["mode"] == "ema"
 
 
 def test_hooks_hand_the_controller_to_the_policy_only_when_asked(monkeypatch):
@@ -272,7 +268,7 @@ def test_hooks_hand_the_controller_to_the_policy_only_when_asked(monkeypatch):
     assert hooks.internal_state()["adaptive_policy"]["mode"] == "cost"
     Args.speculative_adaptive_policy = None  # upstream's rule: nothing replaced
     c2 = Controller()
-    monkeypatch.delenv(pol.POLICY_SIGNAL_ENV, raising=False)
+    monkeypatch.delenv(pol.POLICY_FILE_ENV, raising=False)
     hooks.adaptive(c2, Args())
     assert not isinstance(c2.params, pol.CostPolicy)
     # an internal error of the profiler: upstream's rule takes over from the policy

@@ -16,7 +16,7 @@ from sglang_specprof.ranks import RankExchange, exchange_folder
 from .jsonl import JsonlSink, rank_path
 from .kernel_sampler import CYCLES, KernelSampler
 from .null import NullProfiler
-from .policy import POLICY_SIGNAL_ENV, CostPolicy, follow_signal
+from .policy import POLICY_FILE_ENV, CostPolicy, follow_file
 from .profiler import Profiler
 from .sinks import Advice
 
@@ -160,17 +160,17 @@ def install(server_args, tp_rank: int = 0, worker: str = "v2") -> None:
 
 def adaptive(controller, server_args) -> None:
     """SGLang's adaptive controller was made (--speculative-adaptive): with
-    --speculative-adaptive-policy cost (or the policy signal set, for benchmarks) its chooser
+    --speculative-adaptive-policy cost (or SGLANG_SPECPROF_POLICY_FILE set, for benchmarks) its chooser
     becomes the cost policy, fed by the profiler (policy.py)."""
     mode = getattr(server_args, "speculative_adaptive_policy", None) or "ema"
-    if not P.enabled or (mode == "ema" and not os.environ.get(POLICY_SIGNAL_ENV)):
+    if not P.enabled or (mode == "ema" and not os.environ.get(POLICY_FILE_ENV)):
         return
     try:
         policy = CostPolicy(controller.params, mode=mode)
         controller.params = policy
         P.policy = policy
         P.folder.observer = policy
-        follow_signal(policy)
+        follow_file(policy)
         logger.info("speculative adaptive policy %s (tiers %s, candidates %s)", mode,
                     ", ".join(map(str, policy.bs_list)), policy.candidate_steps)
     except Exception as e:
@@ -189,5 +189,6 @@ def internal_state() -> dict:
     out = {"enabled": P.enabled, "latest": P.latest(), "totals": P.totals_now()}
     policy = getattr(P, "policy", None) or getattr(_state["paused"], "policy", None)
     if policy is not None:
+        policy.reread()
         out["adaptive_policy"] = policy.state()
     return out

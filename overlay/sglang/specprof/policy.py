@@ -25,11 +25,11 @@ settled, with the step count its cycle ran at).
 Decisions run every UPDATE_CYCLES of a tier's decode cycles on the scheduler's thread
 (a few dozen arithmetic operations); the figures are folded on the reader thread.
 
-For benchmarks, `SGLANG_SPECPROF_POLICY_SIGNAL` names a signal that makes the scheduler
-process read the mode from `SGLANG_SPECPROF_POLICY_FILE`: `cost`, `ema` (upstream's rule) or
-a step count to pin every tier to; /server_info's `speculative_profile.adaptive_policy` says
-which is in force. So one server runs the static settings, upstream's policy and this one
-round by round.
+For benchmarks, with `SGLANG_SPECPROF_POLICY_FILE` set, each read of /server_info (on the
+scheduler's thread, between batches) takes the mode from that file when it changed: `cost`,
+`ema` (upstream's rule) or a step count to pin every tier to; the answer's
+`speculative_profile.adaptive_policy` says which is in force. So one server runs the static
+settings, upstream's policy and this one round by round.
 """
 
 from __future__ import annotations
@@ -37,7 +37,6 @@ from __future__ import annotations
 import bisect
 import logging
 import os
-import signal
 
 logger = logging.getLogger("sglang.specprof")
 
@@ -47,7 +46,7 @@ STALE_CYCLES = 1000  # a tier's cycles after which a candidate's period is stale
 EXPLORE_MARGIN = 0.15  # explore a neighbour predicted within 15% of the current figure
 HYSTERESIS = 0.02  # a measured rival takes over when 2% faster
 DECAY = 0.98  # weight each new cycle leaves to the ones before (an average over about 50 cycles)
-POLICY_SIGNAL_ENV = "SGLANG_SPECPROF_POLICY_SIGNAL"
+OUTLIER = 4.0  # a cycle period this many times the candidate's mean is left out
 POLICY_FILE_ENV = "SGLANG_SPECPROF_POLICY_FILE"
 MODES = ("cost", "ema")
 
@@ -64,6 +63,8 @@ class Period:
         self.cycles = 0  # cycles since it was (re)started
 
     def add(self, ms, bs, step_ms):
+        if self.w >= 4 and ms > OUTLIER * self.total / self.w:
+            return  # a stall (a kernel compiled for a new shape, a pause of the host): not the setting's cost
         self.w = self.w * DECAY + 1.0
         self.total = self.total * DECAY + ms
         self.bs = self.bs * DECAY + bs
@@ -193,6 +194,8 @@ class CostPolicy:
         self.cuda_graph_bs = None
         self.pinned = None
         self.switches = 0
+        self.mode_file = None  # benchmarks: where `reread` takes the mode from (follow_file)
+        self._mode_text = None
 
     # -- what the controller calls (upstream's interface) --------------------------------------
     @property
@@ -316,6 +319,28 @@ class CostPolicy:
                                    "tokens_per_s": {str(c): v for c, v in t.last.items()}}
                           for k, t in self.tiers.items()}}
 
+    def reread(self) -> None:
+        """The mode from `mode_file` (its first word), when the file changed since the last read
+        (never raises)."""
+        if self.mode_file is None:
+            return
+        try:
+            with open(self.mode_file) as f:
+                text = f.read(256)
+        except FileNotFoundError:
+            return  # not written yet
+        except OSError as e:
+            logger.warning("speculative adaptive policy: mode unchanged (%s)", e)
+            return
+        try:
+            if text == self._mode_text:
+                return
+            self._mode_text = text
+            self.set_mode(text.split()[0] if text.split() else "")
+            logger.info("speculative adaptive policy: %s", self.state()["mode"])
+        except ValueError as e:
+            logger.warning("speculative adaptive policy: mode unchanged (%s)", e)
+
     def set_mode(self, text: str) -> None:
         """`cost`, `ema`, or a step count to pin every tier to (benchmarks)."""
         text = text.strip()
@@ -328,25 +353,9 @@ class CostPolicy:
                              f"{self.up.candidate_steps})")
 
 
-def follow_signal(policy: CostPolicy) -> None:
-    """SGLANG_SPECPROF_POLICY_SIGNAL=SIGUSR1 (say): that signal makes the process read its mode
-    from SGLANG_SPECPROF_POLICY_FILE."""
-    name = os.environ.get(POLICY_SIGNAL_ENV)
+def follow_file(policy: CostPolicy) -> None:
+    """SGLANG_SPECPROF_POLICY_FILE=PATH: `reread` (each /server_info) takes the mode from PATH."""
     path = os.environ.get(POLICY_FILE_ENV)
-    if not name or not path:
-        return
-
-    def reread(signum=None, frame=None):
-        try:
-            with open(path) as f:
-                policy.set_mode(f.read())
-            logger.info("speculative adaptive policy: %s", policy.state()["mode"])
-        except (OSError, ValueError) as e:
-            logger.warning("speculative adaptive policy: mode unchanged (%s)", e)
-
-    try:
-        signum = getattr(signal, name if name.startswith("SIG") else "SIG" + name)
-        signal.signal(signum, reread)
-        logger.info("speculative adaptive policy: %s to pid %d reads its mode from %s", signum.name, os.getpid(), path)
-    except (AttributeError, ValueError, OSError) as e:
-        logger.warning("speculative adaptive policy: %s=%s not followed (%s)", POLICY_SIGNAL_ENV, name, e)
+    if path:
+        policy.mode_file = path
+        logger.info("speculative adaptive policy: each /server_info reads its mode from %s", path)
