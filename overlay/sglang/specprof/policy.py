@@ -170,7 +170,11 @@ class Tier:
         step = cur.mean_step()
         if step is not None and step > slope:
             slope = step
-        return max(cur.mean() + slope * (c - self.steps), 1e-6), "predicted"
+        # at most the whole cycle in proportion to its tokens (steps + 1): a noisy line through
+        # close points must not predict a cycle for nothing
+        t = cur.mean()
+        slope = min(slope, t / (self.steps + 1))
+        return t + slope * (c - self.steps), "predicted"
 
     def rate(self, c):
         """(tokens a request gets per GPU ms at `c`, how its period is known)."""
