@@ -298,3 +298,89 @@ def test_the_policy_never_takes_the_server_down():
     policy.tiers[1].next_decision = 0
     assert policy.on_verify_complete([1], 1) is None
     assert policy.mode == "ema" and policy.get_steps_for_batch(1) in (1, 3)
+
+
+# -- replayed on a recorded profile -----------------------------------------------------------
+
+RECORDED = __import__("pathlib").Path(__file__).parent / "data" / "adaptive" / "0.5.16-m3"
+
+
+def _recorded():
+    """Per (batch-size bucket, step count) of the GPU run (0.5.16, 8B-shaped dummy EAGLE3,
+    multinomial acceptance 3, steps 1-5 in every tier): the mean GPU period of a cycle, the
+    histogram of correct drafts per request, and the tokens/s the profile measured."""
+    import lzma
+    import tempfile
+
+    with tempfile.NamedTemporaryFile("wb", suffix=".jsonl") as f:
+        f.write(lzma.decompress((RECORDED / "profile.jsonl.xz").read_bytes()))
+        f.flush()
+        summary = report.summarize(report.load(f.name)[0])
+    from sglang_specprof.window import bucket_bs, bucket_steps
+
+    out = {}
+    for key, b in summary["buckets"].items():
+        s = bucket_steps(key)
+        if s is None or b["cycles"] < 500:
+            continue
+        out[(bucket_bs(key), s)] = (b["cycle_period_gpu_ms"]["mean"], b["accept"]["drafts_histogram"],
+                                    b["tokens_per_s"])
+    return out
+
+
+@pytest.mark.parametrize("bs", [1, 16, 32])
+def test_replayed_on_the_recorded_profile_the_policy_picks_what_measured_fastest(bs):
+    """The policy driven by the recorded figures of each step count (each cycle's period and
+    each request's correct drafts drawn from what the GPU run measured at that step count)
+    settles on the step count whose recorded tokens/s is highest in that bucket (3 in each,
+    which the interleaved static runs also found fastest)."""
+    rec = _recorded()
+    lo = {1: 1, 16: 9, 32: 17}[bs]
+    fig = {s: rec[(lo, s)] for s in range(1, 6)}
+    best = max(fig, key=lambda s: fig[s][2])
+    rng = random.Random(5)
+
+    def cost(s, n):
+        return fig[s][0] * rng.uniform(0.97, 1.03)
+
+    def draws(s, n):
+        hist = fig[s][1]
+        return rng.choices(range(len(hist)), weights=hist, k=n)
+
+    policy, p, b, out = _cost_policy({"1": {"candidate_steps": [1, 2, 3, 4, 5]}, "16": {"candidate_steps": [1, 2, 3, 4, 5]},
+                                      "32": {"candidate_steps": [1, 2, 3, 4, 5]}})
+    load = Load(p, b, [Req() for _ in range(bs)], cost=cost, draws=draws)
+    used = []
+    for i in range(2500):
+        steps = policy.get_steps_for_batch(bs)
+        used.append(steps)
+        pending = load.pending
+        load.cycle(steps)
+        if pending is not None:
+            policy.on_verify_complete(pending, bs)
+        if i % 8 == 7:
+            p.flush()
+    tail = used[-1000:]
+    assert tail.count(best) >= 850, {s: tail.count(s) for s in fig}
+    rate = sum(fig[s][2] for s in tail) / len(tail)
+    assert rate >= 0.98 * fig[best][2]
+
+
+def test_the_report_shows_what_each_step_count_measured(tmp_path, capsys):
+    import lzma
+
+    from sglang_specprof import cli
+
+    src = tmp_path / "p.jsonl"
+    src.write_bytes(lzma.decompress((RECORDED / "profile.jsonl.xz").read_bytes()))
+    rec = _recorded()
+    rows = report.by_steps(report.summarize(report.load(str(src))[0]))
+    assert set(rows) == {"1", "9-16", "17-32"}
+    for key, lo in (("1", 1), ("9-16", 9), ("17-32", 17)):
+        got = rows[key]["tokens_per_s"]
+        assert sorted(got) == [1, 2, 3, 4, 5] and all(got[s] == rec[(lo, s)][2] for s in got)
+        assert rows[key]["best"] == max(got, key=got.get) == 3  # what the interleaved static runs found fastest
+    assert cli.main(["report", str(src)]) == 0
+    out = capsys.readouterr().out
+    assert "bs 17-32 measured by step count, tok/s: 1: 5685.7 (-25.7%)" in out and "3: 7656.9 (best)" in out
+    assert "bs 17-32@3:" in out  # and each step count's own table

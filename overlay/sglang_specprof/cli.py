@@ -74,7 +74,11 @@ def main(argv=None) -> int:
             summary = merge.result()
             advice = report.advise(summary)
             if args.json:
-                print(json.dumps({"summary": summary, "advice": advice}, indent=1))
+                out = {"summary": summary, "advice": advice}
+                steps = report.by_steps(summary)
+                if steps:  # an adaptive profile: what each step count measured
+                    out["by_steps"] = steps
+                print(json.dumps(out, indent=1))
             else:
                 print(report.render(summary, advice))
             if args.adaptive_config:

@@ -354,6 +354,9 @@ class Merge:
                 kernels.against_window(k, taken)
         self.kernels.append(k)
 
+    def _bucket(self, key: str) -> dict:
+        return _with_steps(key, self.buckets[key].result())
+
     def result(self) -> dict:
         first = self.first or {}
         busy = self.busy
@@ -362,10 +365,18 @@ class Merge:
                 "decode_cycles": self.decode_cycles, "seconds": _r(busy),
                 "tokens_per_s": _r(self.committed / busy) if busy else None,
                 **{k: (v if k == "admissions" else _r(v)) for k, v in self.beside.items()},
-                "buckets": {k: self.buckets[k].result() for k in sorted(self.buckets, key=window.bucket_order)},
+                "buckets": {k: self._bucket(k) for k in sorted(self.buckets, key=window.bucket_order)},
                 "verify_points": self.points,
                 **self.lost,
                 "kernels": kernels.merge(self.kernels)}
+
+
+def _with_steps(key: str, b: dict) -> dict:
+    """An adaptive profile's bucket says the step count it ran at, as the window's does."""
+    steps = window.bucket_steps(key)
+    if steps is not None:
+        b["steps"] = steps
+    return b
 
 
 def summarize(windows) -> dict:
@@ -416,8 +427,36 @@ def advise(summary: dict) -> dict:
     return out
 
 
+def by_steps(summary: dict) -> dict:
+    """An adaptive profile (buckets "5-8@2", ...): for each batch-size bucket run at more than
+    one step count, the tokens/s measured at each (its decode cycles' GPU time), and the best."""
+    out = {}
+    for key, b in summary["buckets"].items():
+        steps = window.bucket_steps(key)
+        if steps is None or not b["cycles"] or b["tokens_per_s"] is None:
+            continue
+        row = out.setdefault(key.partition("@")[0], {"tokens_per_s": {}, "cycles": {}})
+        row["tokens_per_s"][steps] = b["tokens_per_s"]
+        row["cycles"][steps] = b["cycles"]
+    out = {k: v for k, v in out.items() if len(v["tokens_per_s"]) > 1}
+    for v in out.values():
+        v["best"] = max(v["tokens_per_s"], key=v["tokens_per_s"].get)
+    return out
+
+
+def format_by_steps(rows: dict) -> list[str]:
+    lines = []
+    for key, v in rows.items():
+        best = v["tokens_per_s"][v["best"]]
+        cells = ", ".join(f"{s}: {t:.1f}{' (best)' if s == v['best'] else f' ({100 * (t / best - 1):+.1f}%)'}"
+                          for s, t in sorted(v["tokens_per_s"].items()))
+        lines.append(f"bs {key} measured by step count, tok/s: {cells}")
+    return lines
+
+
 def render(summary: dict, advice: dict) -> str:
     text = [format_summary(summary, advice=advice)]
+    text += format_by_steps(by_steps(summary))
     for key, adv in advice.items():
         text.append(f"bs {key} " + advisor.format_advice(adv))
     if summary.get("kernels"):
