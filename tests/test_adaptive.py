@@ -132,11 +132,12 @@ def expected_rate(mean, cost, bs, steps, n=40000):
     return bs * tok / cost(steps, bs)
 
 
-def run_policy(policy, p, b, bs, mean, cost, cycles, seed=1, hook=None):
+def run_policy(policy, p, b, bs, mean, cost, cycles, seed=1, hook=None, draws=None):
     """A server's loop: the controller asks the step count for each batch, the worker runs it,
-    the result comes back one cycle later and feeds the controller and the profiler."""
+    the result comes back one cycle later and feeds the controller and the profiler. `draws`:
+    correct drafts per request at s steps (default: multinomial acceptance of `mean`)."""
     rng = random.Random(seed)
-    load = Load(p, b, [Req() for _ in range(bs)], cost=cost, draws=multinomial(mean, rng))
+    load = Load(p, b, [Req() for _ in range(bs)], cost=cost, draws=draws or multinomial(mean, rng))
     steps = policy.get_steps_for_batch(bs)
     used = []
     for i in range(cycles):
@@ -349,17 +350,7 @@ def test_replayed_on_the_recorded_profile_the_policy_picks_what_measured_fastest
 
     policy, p, b, out = _cost_policy({"1": {"candidate_steps": [1, 2, 3, 4, 5]}, "16": {"candidate_steps": [1, 2, 3, 4, 5]},
                                       "32": {"candidate_steps": [1, 2, 3, 4, 5]}})
-    load = Load(p, b, [Req() for _ in range(bs)], cost=cost, draws=draws)
-    used = []
-    for i in range(2500):
-        steps = policy.get_steps_for_batch(bs)
-        used.append(steps)
-        pending = load.pending
-        load.cycle(steps)
-        if pending is not None:
-            policy.on_verify_complete(pending, bs)
-        if i % 8 == 7:
-            p.flush()
+    used, _ = run_policy(policy, p, b, bs, None, cost, 2500, draws=draws)
     tail = used[-1000:]
     assert tail.count(best) >= 850, {s: tail.count(s) for s in fig}
     rate = sum(fig[s][2] for s in tail) / len(tail)
