@@ -31,15 +31,20 @@ class Load:
     end) before the result of cycle N-1 is harvested and committed, so a step count switched
     between the two must not be read off the worker at the harvest."""
 
-    def __init__(self, p, b, reqs, cost=lambda s, bs: 2.0 + 0.5 * s, draws=None):
+    def __init__(self, p, b, reqs, cost=lambda s, bs: 2.0 + 0.5 * s, draws=None, switch_ms=0.0):
         self.p, self.b, self.reqs = p, b, reqs
         self.cost = cost
         self.draws = draws or (lambda s, n: [s] * n)  # correct drafts per request at s steps
+        self.switch_ms = switch_ms  # GPU idle while the worker swaps its graphs for another step count
+        self.last = None
         self.pending = None
         self.client = 0
 
     def cycle(self, steps):
         p, b, reqs = self.p, self.b, self.reqs
+        if self.last is not None and steps != self.last:
+            b.advance(self.switch_ms)
+        self.last = steps
         p.begin("decode", len(reqs), None, steps)
         b.advance(self.cost(steps, len(reqs)) * 0.4)
         p.mark("draft")
@@ -103,6 +108,8 @@ def test_a_fixed_step_count_keeps_the_plain_bucket_names():
 
 # -- the cost policy -------------------------------------------------------------------------
 
+CANDS = [1, 2, 3, 4, 5]
+
 
 def _upstream(config):
     """SGLang 0.5.16's own AdaptiveSpeculativeParams with a config, from the pinned wheel."""
@@ -132,12 +139,13 @@ def expected_rate(mean, cost, bs, steps, n=40000):
     return bs * tok / cost(steps, bs)
 
 
-def run_policy(policy, p, b, bs, mean, cost, cycles, seed=1, hook=None, draws=None):
+def run_policy(policy, p, b, bs, mean, cost, cycles, seed=1, hook=None, draws=None, switch_ms=0.0):
     """A server's loop: the controller asks the step count for each batch, the worker runs it,
     the result comes back one cycle later and feeds the controller and the profiler. `draws`:
     correct drafts per request at s steps (default: multinomial acceptance of `mean`)."""
     rng = random.Random(seed)
-    load = Load(p, b, [Req() for _ in range(bs)], cost=cost, draws=draws or multinomial(mean, rng))
+    load = Load(p, b, [Req() for _ in range(bs)], cost=cost, draws=draws or multinomial(mean, rng),
+                switch_ms=switch_ms)
     steps = policy.get_steps_for_batch(bs)
     used = []
     for i in range(cycles):
@@ -183,6 +191,30 @@ def test_the_cost_policy_settles_on_the_fastest_candidate(bs, mean, cost):
     t = policy.tiers[1]
     assert t.probing is not None or t.last[t.steps][1] == "measured"
     assert policy.switches <= len(used) / 30, policy.switches
+
+
+def test_what_a_switch_costs_is_not_charged_to_the_step_count_switched_to():
+    """Swapping the worker's graphs for another step count leaves the GPU idle once (here 30 ms):
+    that gap is the switch's, not the setting's, and a probe must not be judged by it; nor by a
+    stall (a kernel compiled for a new shape) in its first cycles. (On the H200 run at
+    acceptance 4 the policy settled on 3 steps at one request where the static runs had 4
+    ahead by 1.6%; a figure a probe took with its switch in it would do that, and so did the
+    policy before this test.)"""
+    cost = lambda s, bs: 7.0 + 0.43 * s  # noqa: E731  the H200's figures at one request
+    rates = {s: expected_rate(4.0, cost, 1, s) for s in CANDS}
+    best = max(rates, key=rates.get)
+    assert best == 4 and rates[3] < 0.99 * rates[4]
+    policy, p, b, out = _cost_policy({"1": {"candidate_steps": CANDS}})
+    stalls = {"n": 0}
+
+    def stalling(s, bs):  # the first three cycles at each step count compile their kernels
+        seen = stalls.setdefault(s, 0)
+        stalls[s] = seen + 1
+        return cost(s, bs) + (60.0 if seen < 3 else 0.0)
+
+    used, _ = run_policy(policy, p, b, 1, 4.0, stalling, 3000, switch_ms=30.0)
+    tail = used[-1000:]
+    assert tail.count(best) >= 800, {s: tail.count(s) for s in CANDS}
 
 
 def test_the_cost_policy_follows_a_load_that_changes_regime_and_beats_the_ema_rule():
@@ -352,7 +384,7 @@ def test_replayed_on_the_recorded_profile_the_policy_picks_what_measured_fastest
                                       "32": {"candidate_steps": [1, 2, 3, 4, 5]}})
     used, _ = run_policy(policy, p, b, bs, None, cost, 2500, draws=draws)
     tail = used[-1000:]
-    assert tail.count(best) >= 850, {s: tail.count(s) for s in fig}
+    assert tail.count(best) >= 800, {s: tail.count(s) for s in fig}  # the rest: probes (80 cycles at one request)
     rate = sum(fig[s][2] for s in tail) / len(tail)
     assert rate >= 0.98 * fig[best][2]
 

@@ -10,11 +10,16 @@ runs at) and, per tier, runs the candidate with the highest tokens/s:
   per-position acceptance pooled over every step count the tier ran (a request run at s
   steps says nothing past position s: it is cut there, not rejected), so that the figure
   of one candidate is not the noise of its own few cycles;
-- over the cycle's GPU period at s steps: measured, for a candidate run lately; predicted
-  for the others from the step count running now, by the slope of a line through the
-  fresh measurements, or at least the draft model's step time measured now;
-- explored: a rival predicted faster, or a neighbour not measured lately whose prediction is
-  within EXPLORE_MARGIN, runs until its period is measured (MIN_CYCLES), so that candidate
+- over the cycle's GPU period at s steps: measured, for a candidate run lately (the trimmed
+  mean of its last RING cycles, the first cycle after each change of step count left out: its
+  period holds the worker's swap of graphs, not the setting's cost); predicted for the
+  others from the step count running now, by the slope of a line through the fresh
+  measurements, at least the draft model's step time measured now, at most the cycle
+  scaled by its tokens;
+- explored: a rival predicted faster, a neighbour not measured lately whose prediction is
+  within EXPLORE_MARGIN, or a neighbour whose acceptance is known from so few requests that
+  its upper bound (UPPER_Z standard errors) would beat the current figure (at most once in
+  COOLDOWN probes' time), runs until PROBE_REQUESTS requests ran at it, so that candidate
   costs are measured rather than extrapolated; the next decision keeps the best;
 - with hysteresis: a rival must beat the current figure by HYSTERESIS to take its place, and
   each switch is logged with both figures.
@@ -36,54 +41,67 @@ from __future__ import annotations
 
 import bisect
 import logging
+import math
 import os
+from collections import deque
 
 logger = logging.getLogger("sglang.specprof")
 
 UPDATE_CYCLES = 16  # a tier's decode cycles between two decisions
 MIN_CYCLES = 16  # cycles a period needs to count as measured: a probe runs that long
 STALE_CYCLES = 1000  # a tier's cycles after which a candidate's period is stale (explored again)
+STALE_REQUESTS = 4000  # ... or its requests, whichever is longer
 EXPLORE_MARGIN = 0.15  # explore a neighbour predicted within 15% of the current figure
 HYSTERESIS = 0.02  # a measured rival takes over when 2% faster
-DECAY = 0.98  # weight each new cycle leaves to the ones before (an average over about 50 cycles)
-OUTLIER = 4.0  # a cycle period this many times the candidate's mean is left out
+DECAY = 0.98  # weight each acceptance list leaves to the ones before (about the last 50)
+RING = 64  # cycle periods kept per candidate
+TRIM = 0.1  # share of them left out at each end (stalls; a switch's first cycle is left out anyway)
+PROBE_REQUESTS = 64  # a probe runs until this many requests ran at its step count (MIN_CYCLES at least)
+UPPER_Z = 2.0  # a neighbour is probed while its acceptance 2 standard errors up would beat the current figure
+COOLDOWN = 25  # ... at most once in 25 probes' time
 POLICY_FILE_ENV = "SGLANG_SPECPROF_POLICY_FILE"
 MODES = ("cost", "ema")
 
 
 class Period:
-    """A candidate's GPU period per cycle in one tier: a decayed mean over its recent cycles."""
+    """A candidate's GPU period per cycle in one tier, over its last RING cycles: the mean of
+    the middle of them (the longest and shortest TRIM left out: a stall, a kernel compiled
+    for a new shape, is not the setting's cost)."""
 
-    __slots__ = ("w", "total", "bs", "steps_w", "step_ms", "seen_at", "cycles")
+    __slots__ = ("ms", "bs", "step_ms", "seen_at", "cycles", "_mean")
 
     def __init__(self):
-        self.w = self.total = self.bs = 0.0
-        self.steps_w = self.step_ms = 0.0  # the draft model's step time, where its events were read
+        self.ms: deque = deque(maxlen=RING)
+        self.bs: deque = deque(maxlen=RING)
+        self.step_ms: deque = deque(maxlen=RING)  # the draft model's step time, where its events were read
         self.seen_at = -1  # the tier's cycle count when it last ran
         self.cycles = 0  # cycles since it was (re)started
+        self._mean = None
 
     def add(self, ms, bs, step_ms):
-        if self.w >= 4 and ms > OUTLIER * self.total / self.w:
-            return  # a stall (a kernel compiled for a new shape, a pause of the host): not the setting's cost
-        self.w = self.w * DECAY + 1.0
-        self.total = self.total * DECAY + ms
-        self.bs = self.bs * DECAY + bs
+        self.ms.append(ms)
+        self.bs.append(bs)
         if step_ms:
-            self.steps_w = self.steps_w * DECAY + 1.0
-            self.step_ms = self.step_ms * DECAY + step_ms
+            self.step_ms.append(step_ms)
         self.cycles += 1
+        self._mean = None
 
     def measured(self) -> bool:
         return self.cycles >= MIN_CYCLES
 
     def mean(self):
-        return self.total / self.w
+        if self._mean is None:
+            xs = sorted(self.ms)
+            k = int(len(xs) * TRIM)
+            mid = xs[k:len(xs) - k] or xs
+            self._mean = sum(mid) / len(mid)
+        return self._mean
 
     def mean_bs(self):
-        return self.bs / self.w if self.w else 0.0
+        return sum(self.bs) / len(self.bs) if self.bs else 0.0
 
     def mean_step(self):
-        return self.step_ms / self.steps_w if self.steps_w else None
+        return sum(self.step_ms) / len(self.step_ms) if self.step_ms else None
 
 
 class Acceptance:
@@ -103,7 +121,7 @@ class Acceptance:
         while len(r) < steps:
             r.append(0.0)
             ps.append(0.0)
-        for i in range(len(r)):
+        for i in range(steps):  # positions past `steps` keep what the last runs there said
             r[i] *= DECAY
             ps[i] *= DECAY
         counts = [0] * (steps + 1)  # requests by correct drafts
@@ -119,14 +137,19 @@ class Acceptance:
     def rates(self) -> list[float]:
         return [ps / r if r > 0 else 0.0 for ps, r in zip(self.passed, self.reached)]
 
-    def tokens(self, steps: int) -> float | None:
+    def tokens(self, steps: int, z: float = 0.0) -> float | None:
         """Tokens a request commits per cycle at `steps`: 1 + sum over p of a_1 ... a_p; past the
-        positions measured, the last one is held (the optimistic side; a probe measures it)."""
+        positions measured, the last one is held (the optimistic side; a probe measures it).
+        With `z`, each a_p is taken z standard errors higher (at most 1): how much a position
+        seen by few requests might still give."""
         if steps <= 0:
             return 1.0
         a = self.rates()
         if not a:
             return None
+        if z:
+            a = [min(1.0, x + z * math.sqrt(max(x * (1.0 - x), 0.05) / r)) if r > 0 else 1.0
+                 for x, r in zip(a, self.reached)]
         e, run = 1.0, 1.0
         for p in range(steps):
             run *= a[p] if p < len(a) else a[-1]
@@ -146,11 +169,18 @@ class Tier:
         self.cycles = 0  # decode cycles of this tier (the scheduler's count)
         self.next_decision = UPDATE_CYCLES
         self.probing = None  # the candidate being measured, while a probe runs
+        self.seen_steps = None  # the step count of the last cycle read (the reader thread)
+        self.probed_at: dict = {}  # candidate -> this tier's cycle count when its last probe began
         self.last = {}  # the figures of the last decision, for /server_info and the profile
 
     def fresh(self, c) -> bool:
+        """Measured, and lately: within STALE_CYCLES of this tier's cycles, or STALE_REQUESTS of
+        its requests where batches are small (a probe there takes more cycles)."""
         f = self.periods[c]
-        return f.measured() and self.cycles - f.seen_at <= STALE_CYCLES
+        if not f.measured():
+            return False
+        stale = max(STALE_CYCLES, STALE_REQUESTS / max(f.mean_bs(), 1.0))
+        return self.cycles - f.seen_at <= stale
 
     def period(self, c):
         """(GPU ms per cycle at `c`, "measured" or "predicted"), or (None, "unknown")."""
@@ -176,10 +206,11 @@ class Tier:
         slope = min(slope, t / (self.steps + 1))
         return t + slope * (c - self.steps), "predicted"
 
-    def rate(self, c):
-        """(tokens a request gets per GPU ms at `c`, how its period is known)."""
+    def rate(self, c, z=0.0):
+        """(tokens a request gets per GPU ms at `c`, how its period is known); with `z`, the
+        acceptance at its upper bound (`Acceptance.tokens`)."""
         t, how = self.period(c)
-        e = self.accept.tokens(c)
+        e = self.accept.tokens(c, z)
         if t is None or e is None:
             return None, "unknown"
         return e / t, how
@@ -257,6 +288,9 @@ class CostPolicy:
         t = self.tier(c.bs)
         f = t.periods.get(c.steps)
         ms = c.period_gpu_ms
+        if c.steps != t.seen_steps:  # the first at a step count: its period holds the switch
+            t.seen_steps = c.steps
+            return
         if f is None or ms is None:  # the first after an idle spell or a prefill: no period
             return
         # the draft model's steps: the first reads the inputs, those after it are what one more costs
@@ -275,7 +309,8 @@ class CostPolicy:
         t.next_decision = t.cycles + UPDATE_CYCLES
         cur = t.steps
         if t.probing is not None:
-            if not t.periods[t.probing].measured():
+            f = t.periods[t.probing]
+            if not f.measured() or f.cycles * (f.mean_bs() or 1.0) < PROBE_REQUESTS:
                 return None  # the probe runs on until measured
             t.probing = None
         rates = {c: t.rate(c) for c in t.candidates}
@@ -290,7 +325,9 @@ class CostPolicy:
             if b_how == "measured":
                 return self._switch(t, best, "measured", here, b_rate)
             return self._probe(t, best, here, b_rate)
-        # explore: a neighbour not measured lately, when its prediction is close enough
+        # explore: a neighbour not measured lately whose prediction is close enough, or one whose
+        # acceptance is known from so few requests that it might still be the faster (its upper
+        # bound beats the current figure), not probed in the last COOLDOWN probes' time
         i = t.candidates.index(cur)
         for j in (i - 1, i + 1):
             if 0 <= j < len(t.candidates):
@@ -298,12 +335,21 @@ class CostPolicy:
                 r, how = rates[c]
                 if how == "predicted" and r >= here * (1 - EXPLORE_MARGIN):
                     return self._probe(t, c, here, r)
+                up = t.rate(c, UPPER_Z)[0]
+                if (up is not None and up > here * (1 + HYSTERESIS) and r >= here * (1 - EXPLORE_MARGIN)
+                        and t.cycles >= t.probed_at.get(c, -10**9) + COOLDOWN * self._probe_cycles(t)):
+                    return self._probe(t, c, here, r, "uncertain")
         return None
 
-    def _probe(self, t, c, here, r):
+    @staticmethod
+    def _probe_cycles(t):
+        return max(MIN_CYCLES, PROBE_REQUESTS / max(t.periods[t.steps].mean_bs(), 1.0))
+
+    def _probe(self, t, c, here, r, why="probe"):
         t.probing = c
+        t.probed_at[c] = t.cycles
         t.periods[c] = Period()  # measured afresh: what it had is stale
-        return self._switch(t, c, "probe", here, r)
+        return self._switch(t, c, why, here, r)
 
     def _switch(self, t, new, why, old_rate, new_rate):
         old = t.steps
