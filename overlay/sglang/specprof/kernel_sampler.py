@@ -81,12 +81,12 @@ class KernelSampler:
         with self.torch.profiler.record_function(name):
             pass
 
-    def _begin(self, kind, bs, ctx=None):
+    def _begin(self, kind, bs, ctx=None, steps=None):  # Profiler.begin's arguments, every one
         p = self.p
         st = self.state
         if st == "ending":
             self._try_stop()
-        type(p).begin(p, kind, bs, ctx)
+        type(p).begin(p, kind, bs, ctx, steps)
         st = self.state
         if st == "armed":
             if self._other_profiler_on():
