@@ -249,7 +249,12 @@ class CostPolicy:
             return self.pinned
         if self.mode == "ema":
             return self.up.get_steps_for_batch(batch_size)
-        return self.tier(batch_size).steps
+        try:
+            return self.tier(batch_size).steps
+        except Exception as e:  # never take the server down: upstream's rule takes over
+            logger.warning("speculative adaptive policy: %s: %s; upstream's rule takes over.", type(e).__name__, e)
+            self.mode = "ema"
+            return self.up.get_steps_for_batch(batch_size)
 
     def on_verify_complete(self, num_correct_drafts_per_req, batch_size):
         if self.pinned is not None:
