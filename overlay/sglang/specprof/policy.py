@@ -369,10 +369,13 @@ class CostPolicy:
     def state(self) -> dict:
         """What /server_info and each profile window show of the policy."""
         mode = f"pinned {self.pinned}" if self.pinned is not None else self.mode
-        return {"mode": mode, "switches": self.switches,
-                "tiers": {str(k): {"steps": t.steps, "probing": t.probing,
-                                   "tokens_per_s": {str(c): v for c, v in t.last.items()}}
-                          for k, t in self.tiers.items()}}
+        try:
+            tiers = {str(k): {"steps": t.steps, "probing": t.probing,
+                              "tokens_per_s": {str(c): v for c, v in t.last.items()}}
+                     for k, t in self.tiers.items()}
+        except Exception as e:  # read by /server_info: never raises
+            tiers = {"error": f"{type(e).__name__}: {e}"}
+        return {"mode": mode, "switches": self.switches, "tiers": tiers}
 
     def reread(self) -> None:
         """The mode from `mode_file` (its first word), when the file changed since the last read
