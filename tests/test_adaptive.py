@@ -430,3 +430,33 @@ def test_over_seeds_the_policy_stays_near_the_best_static_setting(load):
         used, _ = run_policy(policy, p, b, bs, mean, cost, 3000, seed=seed)
         got = sum(rates[s] for s in used[-1000:]) / 1000
         assert got >= 0.985 * best, (seed, got / best)
+
+
+def test_an_adaptive_profile_writes_the_config_from_what_each_step_count_measured(tmp_path, capsys):
+    """`report --adaptive-config` on a profile taken under --speculative-adaptive: a bucket
+    measured at several step counts gets the ones measured within the margin of its best (not
+    the advisor's predictions from one of them), a bucket of a few warm-up cycles no tier,
+    and SGLang's own loader takes the file."""
+    import json
+    import lzma
+
+    from sglang_specprof import cli
+
+    src = tmp_path / "p.jsonl"
+    src.write_bytes(lzma.decompress((RECORDED / "profile.jsonl.xz").read_bytes()))
+    rows = report.by_steps(report.summarize(report.load(str(src))[0]))
+    for margin in (3, 5):
+        out = tmp_path / f"ad{margin}.json"
+        assert cli.main(["report", str(src), "--adaptive-config", str(out), "--adaptive-margin", str(margin)]) == 0
+        conf = json.loads(out.read_text())
+        tiers = {k: v["candidate_steps"] for k, v in conf.items() if k.isdigit()}
+        assert set(tiers) == {"1", "9", "17"}  # not 5: its 4 cycles were the server's first, compiling
+        for key, row in rows.items():
+            tok = row["tokens_per_s"]
+            want = sorted(s for s in tok if tok[s] >= tok[row["best"]] * (1 - margin / 100))
+            assert tiers[key.split("-")[0]] == want and row["best"] in want
+        assert conf["specprof"]["buckets"]["17-32"]["measured_tokens_per_s"]["3"] == rows["17-32"]["tokens_per_s"][3]
+        params = _upstream(conf)  # SGLang's loader (its router reads the integer keys)
+        assert params.candidate_steps == sorted({s for v in tiers.values() for s in v})
+    err = capsys.readouterr().err
+    assert "--speculative-num-steps 4" in err  # the largest candidate at 5%: 4 (bs 1 and 9-16)

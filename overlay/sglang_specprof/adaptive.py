@@ -10,7 +10,9 @@ Here each tier is a bucket of the profile (1, 2, 3-4, 5-8, ...: the key is its s
 batch size) and its candidates are the step counts whose predicted tokens/s is within
 `margin` of the bucket's best prediction: the cost the accept-length rule never looks at
 narrows what it may choose from. Step 0 (no drafting) is never proposed: a speculative
-profile does not measure plain decoding.
+profile does not measure plain decoding. A profile taken under --speculative-adaptive
+(0.5.16) that measured a bucket at several step counts gives that tier its candidates from
+the measurements: those within `margin` of the best measured.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 from .window import bucket_bs, bucket_order
 
 DEFAULT_MARGIN = 0.03
+MIN_CYCLES = 20  # decode cycles a bucket needs to become a tier
 
 
 def candidates(adv: dict, margin: float = DEFAULT_MARGIN) -> list[int]:
@@ -27,18 +30,40 @@ def candidates(adv: dict, margin: float = DEFAULT_MARGIN) -> list[int]:
     return sorted(r["steps"] for r in adv["rows"] if r["tokens_per_s"] >= floor)
 
 
-def upstream_config(summary: dict, advice: dict, margin: float = DEFAULT_MARGIN, source: str = "") -> dict:
-    """The config JSON for the buckets the advisor had figures for (none: an empty dict)."""
+def measured_candidates(row: dict, margin: float = DEFAULT_MARGIN) -> list[int]:
+    """From an adaptive profile's bucket measured at several step counts (`report.by_steps`):
+    the step counts whose measured tokens/s is within `margin` of the best measured."""
+    tok = row["tokens_per_s"]
+    floor = tok[row["best"]] * (1.0 - margin)
+    return sorted(s for s, t in tok.items() if t >= floor and s > 0)
+
+
+def upstream_config(summary: dict, advice: dict, margin: float = DEFAULT_MARGIN, source: str = "",
+                    measured: dict | None = None) -> dict:
+    """The config JSON for the buckets the advisor had figures for (none: an empty dict).
+    `measured` (`report.by_steps` of an adaptive profile): a bucket measured at several step
+    counts takes its candidates from those measurements instead of the advisor's predictions."""
     cfg, why = {}, {}
+    for key, row in (measured or {}).items():
+        steps = measured_candidates(row, margin)
+        if steps:
+            bs = bucket_bs(key)
+            cfg[str(bs)] = {"candidate_steps": steps}
+            why[key] = {"candidate_steps": steps, "best": row["best"], "measured_tokens_per_s":
+                        {str(s): t for s, t in sorted(row["tokens_per_s"].items())}, "extrapolated_steps": []}
     # an adaptive profile has a bucket per batch size and step count ("5-8@2"): a tier takes
     # the advice of the one with the most cycles
     chosen = {}
     for key in sorted(advice, key=bucket_order):
         bs = bucket_bs(key)
         cycles = (summary.get("buckets", {}).get(key) or {}).get("cycles") or 0
+        if cycles < MIN_CYCLES:
+            continue  # a few cycles (a warm-up, a stall) say nothing of a tier
         if bs not in chosen or cycles > chosen[bs][1]:
             chosen[bs] = (key, cycles)
     for bs, (key, _) in sorted(chosen.items()):
+        if str(bs) in cfg:
+            continue  # measured at several step counts
         adv = advice[key]
         steps = candidates(adv, margin)
         cfg[str(bs)] = {"candidate_steps": steps}
@@ -50,6 +75,7 @@ def upstream_config(summary: dict, advice: dict, margin: float = DEFAULT_MARGIN,
         }
     if not cfg:
         return {}
+    cfg = dict(sorted(cfg.items(), key=lambda kv: int(kv[0])))
     conf = summary.get("config", {})
     # not an integer key: SGLang's loader skips it
     cfg["specprof"] = {

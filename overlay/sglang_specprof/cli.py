@@ -82,7 +82,8 @@ def main(argv=None) -> int:
             else:
                 print(report.render(summary, advice))
             if args.adaptive_config:
-                conf = adaptive.upstream_config(summary, advice, args.adaptive_margin / 100, args.source)
+                conf = adaptive.upstream_config(summary, advice, args.adaptive_margin / 100, args.source,
+                                                measured=report.by_steps(summary))
                 if not conf:
                     raise report.SourceError(f"{args.source} holds no decode cycles to advise from; "
                                              f"{args.adaptive_config} was not written")
