@@ -90,6 +90,8 @@ SCRIPT = textwrap.dedent("""
                 a = s.prepare_server_args(case["argv"])
                 got = {"algo": a.speculative_algorithm, "profile": a.speculative_profile,
                        "interval": a.speculative_profile_interval, "output": a.speculative_profile_output}
+                if hasattr(a, "speculative_adaptive_policy"):
+                    got["policy"] = a.speculative_adaptive_policy
             except SystemExit as e:
                 rc = e.code if isinstance(e.code, int) else 1
             except BaseException:
@@ -131,7 +133,17 @@ CASES = {
     "output-alone": ["--speculative-profile-output", "p.jsonl"],
     # 0.5.12 on; before, argparse refuses the unknown option (the test reads the help first)
     "adaptive": ["--speculative-profile", "--speculative-algorithm", "EAGLE3", "--speculative-adaptive"],
+    "adaptive-cost": ["--speculative-profile", "--speculative-algorithm", "EAGLE3", "--speculative-adaptive",
+                      "--speculative-adaptive-policy", "cost"],
+    "cost-unprofiled": ["--speculative-algorithm", "EAGLE3", "--speculative-adaptive",
+                        "--speculative-adaptive-policy", "cost"],
 }
+
+
+def times_adaptive(version):
+    """The series passes each cycle's step count (it adds the policy field to ServerArgs)."""
+    series = ROOT / "patches" / f"sglang-{version}"
+    return any("+    speculative_adaptive_policy" in p.read_text() for p in series.glob("*.patch"))
 
 
 @pytest.fixture(scope="module", params=RELEASES)
@@ -146,14 +158,14 @@ def site(request, tmp_path_factory):
     # --no-compile: byte-compiling all of sglang took most of the install; the check imports a part
     subprocess.run([py, "-m", "pip", "install", "-q", "--no-deps", "--no-compile", "--target", str(target),
                     proc.stdout.strip()], check=True)
-    return py, os.pathsep.join([str(target), release_extras(version)])
+    return py, os.pathsep.join([str(target), release_extras(version)]), version
 
 
 @pytest.fixture(scope="module")
 def parsed(site, tmp_path_factory):
     """{case: {rc, got, stderr}} and the help text, every case of CASES in one interpreter, each
     in a folder of its own."""
-    py, folder = site
+    py, folder, version = site
     cases = []
     for name, argv in CASES.items():
         cwd = tmp_path_factory.mktemp(f"case-{name}")
@@ -164,6 +176,7 @@ def parsed(site, tmp_path_factory):
     assert proc.returncode == 0, proc.stderr
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     got["cwd"] = {c["id"]: c["cwd"] for c in cases}
+    got["version"] = version
     return got
 
 
@@ -176,6 +189,7 @@ def test_parses_with_eagle3(parsed):
     case = parsed["eagle3"]
     out = os.path.join(parsed["cwd"]["eagle3"], OUT)
     assert case["rc"] == 0, case["stderr"]
+    assert case["got"].pop("policy", None) is None  # the field (0.5.16): upstream's rule unless asked
     assert case["got"] == {"algo": "EAGLE3", "profile": True, "interval": 7, "output": out}
     # the writability probe (the rejections below show it runs) leaves no empty file: with
     # tp > 1 each rank writes its own file beside this path
@@ -199,19 +213,33 @@ def test_rejects_with_one_sentence(parsed, name, says):
     assert "usage:" not in case["stderr"]  # one sentence, not the 500-line usage
 
 
-def test_adaptive_speculation_is_refused_with_one_sentence(parsed):
-    case = parsed["adaptive"]
-    if not re.search(r"--speculative-adaptive(?![-\w])", parsed["help"]):
-        pytest.skip("this release has no --speculative-adaptive")
+def _one_sentence(case, says):
     assert case["rc"] == 2, case["stderr"]
     last = case["stderr"].strip().splitlines()[-1]
-    assert re.match(r"^[^:]+: error: ", last) and "does not time --speculative-adaptive yet" in last
+    assert re.match(r"^[^:]+: error: ", last) and says in last, last
     assert "Traceback" not in case["stderr"] and "usage:" not in case["stderr"]
+
+
+def test_adaptive_speculation_is_profiled_where_the_series_times_it_and_refused_elsewhere(parsed):
+    if not re.search(r"^\s+--speculative-adaptive(?![-\w])", parsed["help"], re.M):  # upstream's own option
+        assert "--speculative-adaptive-policy" not in parsed["help"]  # nor the policy (nor a prefix of it)
+        pytest.skip("this release has no --speculative-adaptive")
+    if times_adaptive(parsed["version"]):  # 0.5.16: profiled, and the cost policy taken
+        for name, policy in (("adaptive", None), ("adaptive-cost", "cost")):
+            case = parsed[name]
+            assert case["rc"] == 0, case["stderr"]
+            assert case["got"]["profile"] is True and case["got"]["policy"] == policy
+        _one_sentence(parsed["cost-unprofiled"], "takes its figures from the profile: add --speculative-profile")
+    else:
+        _one_sentence(parsed["adaptive"], "times --speculative-adaptive on SGLang 0.5.16 only")
+        _one_sentence(parsed["adaptive-cost"], "--speculative-adaptive-policy needs SGLang 0.5.16")
+        _one_sentence(parsed["cost-unprofiled"], "--speculative-adaptive-policy needs SGLang 0.5.16")
 
 
 def test_no_flag_leaves_upstream_behaviour(parsed):
     case = parsed["no-flag"]
     assert case["rc"] == 0, case["stderr"]
+    assert case["got"].pop("policy", None) is None
     assert case["got"] == {"algo": None, "profile": False, "interval": 100, "output": None}
 
 

@@ -70,6 +70,9 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         "of each batch size (the others record two events, not twelve). 1: every phase of "
         f"every cycle, at about three times the host time (default: {PHASES_EVERY}).",
     )
+    if "--speculative-adaptive" not in getattr(parser, "_option_string_actions", {}):
+        return  # no adaptive speculation here (before 0.5.12): no policy option, and no prefix
+        # of it for argparse to take `--speculative-adaptive` for
     group.add_argument(
         "--speculative-adaptive-policy",
         choices=ADAPTIVE_POLICIES,
@@ -159,10 +162,10 @@ def from_cli_args(parser: argparse.ArgumentParser, server_args_cls, raw_args):
     options and resolution comes later, so the options are checked here as well, while
     the command line can still be refused with a usage error."""
     try:
-        args = server_args_cls.from_cli_args(raw_args)
-        if getattr(raw_args, ADAPTIVE_FIELD, None) is not None and not hasattr(args, ADAPTIVE_FIELD):
+        if getattr(raw_args, ADAPTIVE_FIELD, None) is not None and not hasattr(server_args_cls, ADAPTIVE_FIELD):
             raise SpecProfileArgError("--speculative-adaptive-policy needs SGLang 0.5.16's adaptive speculation "
                                       "hooks, which this release's series does not have.")
+        args = server_args_cls.from_cli_args(raw_args)
         validate(args)
         return args
     except SpecProfileArgError as e:
