@@ -27,8 +27,9 @@ runs at) and, per tier, runs the candidate with the highest tokens/s:
 The folder's reader thread feeds `cycle` (each decode cycle read) and `accept` (each list
 settled, with the step count its cycle ran at).
 
-Decisions run every UPDATE_CYCLES of a tier's decode cycles on the scheduler's thread
-(a few dozen arithmetic operations); the figures are folded on the reader thread.
+Decisions run every UPDATE_CYCLES of a tier's decode cycles on the scheduler's thread (a
+sort of each candidate's 64 periods that changed, and some arithmetic); the figures are
+folded on the reader thread.
 
 For benchmarks, with `SGLANG_SPECPROF_POLICY_FILE` set, each read of /server_info (on the
 scheduler's thread, between batches) takes the mode from that file when it changed: `cost`,
