@@ -24,8 +24,8 @@ CYCLE = [
 BETWEEN = [("vectorized_elementwise_kernel<4, FillFunctor>", 0.03)]
 
 
-def cycle(p, ft, bs=2, idle_in=None):
-    p.begin("decode", bs)
+def cycle(p, ft, bs=2, idle_in=None, steps=None):
+    p.begin("decode", bs, None, steps)
     for name, ks in CYCLE:
         for kname, ms in ks:
             ft.launch(kname, ms, via="cudaGraphLaunch" if name == "verify" else "cudaLaunchKernel")
@@ -100,6 +100,26 @@ def test_a_sample_attributes_every_kernel_to_its_phase(rig):
     assert len(t["kernels"]) == sum(len(ks) for _, ks in CYCLE)
     assert k["names"][t["kernels"][0][4]] == "triton_poi_fused_copy_0"
     json.dumps(k)  # JSON as it stands
+
+
+def test_a_sample_under_adaptive_speculation_is_set_beside_its_step_counts_buckets():
+    """Under --speculative-adaptive the window's buckets are "2@3": the sampled cycles carry
+    their step count, so the sample is compared with the cycles of the same step count."""
+    b = FakeBackend()
+    out = []
+    p = Profiler(b, interval=5, sink=out.append, config={"num_steps": 3, "worker": "v2", "adaptive": True},
+                 clock=b.clock, log_table=False)
+    ft = FakeTorch(b)
+    p.kernels = KernelSampler(p, every=2, cycles=3, torch_module=ft)
+    for _ in range(30):
+        cycle(p, ft, steps=3)  # the kernel sampler's stand-in begin takes the step count too
+    p.flush()
+    k = next(w for w in out if w.get("kernels"))["kernels"]
+    assert "error" not in k, k
+    assert k["bs"] == [2, 2, 2] and k["steps"] == [3, 3, 3]
+    assert k["slowed"] == pytest.approx(1.0, abs=0.02)
+    assert k["phases"]["verify"]["window_ms"] == pytest.approx(5.7, abs=1e-3)
+    assert set(out[0]["buckets"]) == {"2@3"}
 
 
 def test_between_samples_the_hot_path_is_the_plain_one(rig):

@@ -29,7 +29,7 @@ from __future__ import annotations
 import functools
 import re
 
-from .window import GRAPH_KINDS, bucket_of
+from .window import GRAPH_KINDS, bucket_key
 
 PREFIX = "specprof/"
 CLASSES = ("gemm", "attention", "communication", "sampling", "copy", "other")
@@ -114,7 +114,8 @@ def _parse_marks(annotations):
         if mark == "begin":
             kind = parts[2] if len(parts) > 2 else "decode"
             bs = int(parts[3]) if len(parts) > 3 and parts[3].isdigit() else None
-            cycles[seq] = {"kind": kind, "bs": bs, "marks": [(ts, "begin")]}
+            steps = int(parts[4]) if len(parts) > 4 and parts[4].isdigit() else None  # adaptive only
+            cycles[seq] = {"kind": kind, "bs": bs, "steps": steps, "marks": [(ts, "begin")]}
         elif seq in cycles:
             cycles[seq]["marks"].append((ts, mark))
         else:
@@ -252,6 +253,8 @@ def analyse(norm: dict, event_ms: dict | None = None, tracks: int = TRACK_CYCLES
     return {
         "cycles": len(counted),
         "bs": [cycles[q]["bs"] for q in counted],
+        **({"steps": [cycles[q]["steps"] for q in counted]} if any(cycles[q]["steps"] is not None for q in counted)
+           else {}),
         "coverage": round(in_phase / total, 5) if total else None,
         "kernel_ms": round(total / 1e6, 4),
         "phases": phases,
@@ -290,7 +293,9 @@ def against_window(block: dict, window: dict) -> None:
     sizes, weighted by the sample's cycles) and `slowed` (`event_ms` per cycle / `window_ms`)
     to each phase, and `slowed` for the whole cycle."""
     buckets = window.get("buckets") or {}
-    keys = [bucket_of(bs) for bs in block.get("bs") or [] if bs is not None]
+    bss = block.get("bs") or []
+    steps = block.get("steps") or [None] * len(bss)  # an adaptive profile's: its buckets are "5-8@2"
+    keys = [bucket_key(bs, st) for bs, st in zip(bss, steps) if bs is not None]
     if not keys:
         return
     ev_total = win_total = 0.0

@@ -4,7 +4,8 @@ The torch profiler that SGLang already ships (CUPTI through kineto: kernels, cop
 memsets, those replayed from CUDA graphs included, each with the correlation of the host
 call that launched it) runs on the scheduler's thread for one cycle of context and
 CYCLES decode cycles; each phase mark of those cycles also leaves a zero-length
-annotation `specprof/<cycle>/<mark>` (`begin` carries the kind and batch size). The
+annotation `specprof/<cycle>/<mark>` (`begin` carries the kind, the batch size and, under
+--speculative-adaptive, the step count). The
 profiler stops at the first cycle start after the stretch's last event has completed,
 so every kernel of the stretch is in. What it recorded goes to the outputs thread,
 where `sglang_specprof.kernels` attributes each kernel to its phase and classes it; the
@@ -109,7 +110,8 @@ class KernelSampler:
             s = p.cur
             if s is not None:
                 self.seqs.add(s.seq)
-                self._annotate(f"specprof/{s.seq}/begin/{kind}/{bs}")
+                tail = "" if s.steps is None else f"/{s.steps}"  # under --speculative-adaptive: its bucket's
+                self._annotate(f"specprof/{s.seq}/begin/{kind}/{bs}{tail}")
 
     def _annotating(self, method):
         """`method` of the profiler, then an annotation of the mark it recorded, if it did."""
