@@ -460,3 +460,17 @@ def test_an_adaptive_profile_writes_the_config_from_what_each_step_count_measure
         assert params.candidate_steps == sorted({s for v in tiers.values() for s in v})
     err = capsys.readouterr().err
     assert "--speculative-num-steps 4" in err  # the largest candidate at 5%: 4 (bs 1 and 9-16)
+
+
+def test_compare_sets_a_fixed_step_profile_beside_the_same_step_count_of_an_adaptive_one(tmp_path, capsys):
+    import lzma
+
+    from sglang_specprof import cli
+
+    src = tmp_path / "adaptive.jsonl"
+    src.write_bytes(lzma.decompress((RECORDED / "profile.jsonl.xz").read_bytes()))
+    fixed = RECORDED.parent.parent / "profile-0.5.16-eagle3-v2-topk1.jsonl"  # 3 steps, bs 1 and 3-4
+    assert cli.main(["compare", str(fixed), str(src)]) == 0
+    out = capsys.readouterr().out
+    assert "\n  bs 1@3\n" in out and "batch sizes only in A: 3-4@3" in out
+    assert "bs 1@1" not in out.replace("only in B: 1@1", "")  # other step counts: only in the adaptive one

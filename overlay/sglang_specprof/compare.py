@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 
-from .window import bucket_order
+from .window import bucket_order, bucket_steps
 
 MIN_WINDOWS = 3
 NO_CHANGE_ABS = 0.0005  # below the 3 decimals printed
@@ -98,7 +98,26 @@ def settings_differ(a: list[dict], b: list[dict]) -> dict:
     return {k: [ca.get(k), cb.get(k)] for k in SETTINGS if ca.get(k) != cb.get(k)}
 
 
+def _adaptive(windows) -> bool:
+    return any(bucket_steps(k) is not None for w in windows for k in w["buckets"])
+
+
+def _at_steps(windows) -> list[dict]:
+    """A fixed-step profile's buckets named as an adaptive one names them ("5-8" at 3 steps is
+    "5-8@3"), so that each is set beside the other profile's cycles of its step count."""
+    out = []
+    for w in windows:
+        steps = (w.get("config") or {}).get("num_steps")
+        if steps is None:
+            out.append(w)
+            continue
+        out.append(dict(w, buckets={f"{k}@{steps}": v for k, v in w["buckets"].items()}))
+    return out
+
+
 def compare(a: list[dict], b: list[dict]) -> dict:
+    if _adaptive(a) != _adaptive(b):
+        a, b = (a, _at_steps(b)) if _adaptive(a) else (_at_steps(a), b)
     ka = {k for w in a for k, bk in w["buckets"].items() if bk["cycles"]}
     kb = {k for w in b for k, bk in w["buckets"].items() if bk["cycles"]}
     out = {"settings_differ": settings_differ(a, b), "buckets": {}, "only_in": {},
