@@ -336,7 +336,7 @@ def test_the_policy_never_takes_the_server_down():
     policy.tiers[1].next_decision = 0
     assert policy.on_verify_complete([1], 1) is None
     assert policy.mode == "ema" and policy.get_steps_for_batch(1) in (1, 3)
-    policy.mode, policy.tiers = "cost", None  # broken where the controller asks for a step count
+    policy.mode, policy.tiers, policy._by_slot = "cost", None, None  # broken where the controller asks for a step count
     assert policy.get_steps_for_batch(1) in (1, 3) and policy.mode == "ema"
     assert "error" in policy.state()["tiers"]  # /server_info still answers
 

@@ -40,7 +40,6 @@ settings, upstream's policy and this one round by round.
 
 from __future__ import annotations
 
-import bisect
 import logging
 import math
 import os
@@ -108,12 +107,11 @@ class Period:
 class Acceptance:
     """Per-position acceptance of one tier, pooled over the step counts it ran at: at position
     p, the requests that reached it (p - 1 drafts right, run at p steps or more) and those that
-    got it right too; decayed like the periods."""
+    got it right too; each list decays what came before it by DECAY at the positions it saw."""
 
     def __init__(self):
         self.reached: list[float] = []  # index p - 1
         self.passed: list[float] = []
-        self.lists = 0
 
     def add(self, correct, steps):
         if steps <= 0:
@@ -133,7 +131,6 @@ class Acceptance:
             r[p - 1] += at
             at -= counts[p - 1]
             ps[p - 1] += at
-        self.lists += 1
 
     def rates(self) -> list[float]:
         return [ps / r if r > 0 else 0.0 for ps, r in zip(self.passed, self.reached)]
@@ -163,8 +160,8 @@ class Tier:
 
     def __init__(self, key, candidates, steps):
         self.key = key
-        self.candidates = sorted(set(candidates))
-        self.steps = steps if steps in self.candidates else self.candidates[len(self.candidates) // 2]
+        self.candidates = candidates  # upstream's slot: sorted, and holding `steps`
+        self.steps = steps
         self.periods = {c: Period() for c in self.candidates}
         self.accept = Acceptance()
         self.cycles = 0  # decode cycles of this tier (the scheduler's count)
@@ -227,7 +224,7 @@ class CostPolicy:
         slots = upstream._slots  # tier -> AdaptiveStepSlot (0.5.16): its candidates and first step count
         self.bs_list = sorted(slots)
         self.tiers = {bs: Tier(bs, slots[bs].candidate_steps, slots[bs].current_steps) for bs in self.bs_list}
-        self.cuda_graph_bs = None
+        self._by_slot = {id(slots[bs]): self.tiers[bs] for bs in self.bs_list}
         self.pinned = None
         self.switches = 0
         self.mode_file = None  # benchmarks: where `reread` takes the mode from (follow_file)
@@ -240,7 +237,6 @@ class CostPolicy:
 
     def set_cuda_graph_bs(self, cuda_graph_bs):
         self.up.set_cuda_graph_bs(cuda_graph_bs)
-        self.cuda_graph_bs = sorted(cuda_graph_bs) if cuda_graph_bs else None
 
     def cuda_graph_bs_for_step(self, step):
         return self.up.cuda_graph_bs_for_step(step)
@@ -273,14 +269,9 @@ class CostPolicy:
         return None
 
     def tier(self, bs):
-        """Upstream's routing: the batch size padded to a graph's, then the largest tier key at
-        or below it."""
-        g = self.cuda_graph_bs
-        if g is not None:
-            i = bisect.bisect_left(g, bs)
-            bs = g[i] if i < len(g) else bs
-        i = bisect.bisect_right(self.bs_list, bs) - 1
-        return self.tiers[self.bs_list[max(0, i)]]
+        """The tier upstream routes a batch of `bs` to (padded to a captured graph's size, then the
+        largest tier key at or below it): its own routing, so the two never disagree."""
+        return self._by_slot[id(self.up._route(bs))]
 
     # -- the live figures (the folder's reader thread) ------------------------------------------
     def learning(self) -> bool:
