@@ -73,17 +73,17 @@ def main(argv=None) -> int:
                 print(f"sglang-specprof: note: {n}", file=sys.stderr)
             summary = merge.result()
             advice = report.advise(summary)
+            measured = report.by_steps(summary)  # an adaptive profile: what each step count measured
             if args.json:
                 out = {"summary": summary, "advice": advice}
-                steps = report.by_steps(summary)
-                if steps:  # an adaptive profile: what each step count measured
-                    out["by_steps"] = steps
+                if measured:
+                    out["by_steps"] = measured
                 print(json.dumps(out, indent=1))
             else:
                 print(report.render(summary, advice))
             if args.adaptive_config:
                 conf = adaptive.upstream_config(summary, advice, args.adaptive_margin / 100, args.source,
-                                                measured=report.by_steps(summary))
+                                                measured=measured)
                 if not conf:
                     raise report.SourceError(f"{args.source} holds no decode cycles to advise from; "
                                              f"{args.adaptive_config} was not written")

@@ -354,8 +354,6 @@ class Merge:
                 kernels.against_window(k, taken)
         self.kernels.append(k)
 
-    def _bucket(self, key: str) -> dict:
-        return _with_steps(key, self.buckets[key].result())
 
     def result(self) -> dict:
         first = self.first or {}
@@ -365,18 +363,11 @@ class Merge:
                 "decode_cycles": self.decode_cycles, "seconds": _r(busy),
                 "tokens_per_s": _r(self.committed / busy) if busy else None,
                 **{k: (v if k == "admissions" else _r(v)) for k, v in self.beside.items()},
-                "buckets": {k: self._bucket(k) for k in sorted(self.buckets, key=window.bucket_order)},
+                "buckets": {k: window.with_steps(k, self.buckets[k].result())
+                            for k in sorted(self.buckets, key=window.bucket_order)},
                 "verify_points": self.points,
                 **self.lost,
                 "kernels": kernels.merge(self.kernels)}
-
-
-def _with_steps(key: str, b: dict) -> dict:
-    """An adaptive profile's bucket says the step count it ran at, as the window's does."""
-    steps = window.bucket_steps(key)
-    if steps is not None:
-        b["steps"] = steps
-    return b
 
 
 def summarize(windows) -> dict:

@@ -69,6 +69,14 @@ def bucket_steps(key: str) -> int | None:
     return None if steps < 0 else steps
 
 
+def with_steps(key: str, summary: dict) -> dict:
+    """A bucket's summary, with the step count its name says (an adaptive profile's) as `steps`."""
+    steps = bucket_steps(key)
+    if steps is not None:
+        summary["steps"] = steps
+    return summary
+
+
 def bucket_key(bs: int, steps: int | None = None) -> str:
     """The bucket of a batch size ("5-8"), at a step count when there is one ("5-8@2")."""
     key = bucket_of(bs)
@@ -421,9 +429,7 @@ class Window:
         buckets = {}
         for key in sorted(self.buckets, key=bucket_order):
             steps = bucket_steps(key)
-            buckets[key] = self.buckets[key].summary(num_steps if steps is None else steps)
-            if steps is not None:
-                buckets[key]["steps"] = steps
+            buckets[key] = with_steps(key, self.buckets[key].summary(num_steps if steps is None else steps))
             if pause is not None:
                 pause()
         bs = self.buckets.values()
