@@ -25,14 +25,14 @@ import argparse
 import datetime
 import json
 import os
-import random
 import statistics
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpu_models import write_models  # noqa: E402
-from serving import eagle3_args, http, installed_sglang, load, machine, portable_command, start_all, stop_all  # noqa: E402
+from serving import (eagle3_args, http, installed_sglang, load, machine, median_ci, portable_command,  # noqa: E402
+                     start_all, stop_all)
 
 MODES = ["1", "2", "3", "4", "5", "ema", "cost"]
 CANDIDATES = [1, 2, 3, 4, 5]
@@ -67,12 +67,6 @@ def shift_load(port, new_tokens):
     return tok, secs, reqs
 
 
-def median_ci(xs, n=4000, seed=0):
-    rng = random.Random(seed)
-    meds = sorted(statistics.median(rng.choices(xs, k=len(xs))) for _ in range(n))
-    return [round(meds[int(0.025 * n)], 4), round(meds[int(0.975 * n) - 1], 4)]
-
-
 def analyse(runs):
     """Per load: each mode's median tok/s, the best static, and paired ratios with intervals."""
     out = {}
@@ -88,7 +82,7 @@ def analyse(runs):
             for vs in (best, "ema") if pol == "cost" else (best,):
                 r = [a / b for a, b in zip(by_mode[pol][:n], by_mode[vs][:n])]
                 key = f"{pol}_vs_{'best_static' if vs == best else vs}"
-                res[key] = {"median": round(statistics.median(r), 4), "ci95": median_ci(r)}
+                res[key] = {"median": round(statistics.median(r), 4), "ci95": [round(x, 4) for x in median_ci(r)]}
         out[lname] = res
     return out
 

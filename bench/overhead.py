@@ -34,7 +34,6 @@ import argparse
 import datetime
 import json
 import os
-import random
 import re
 import shlex
 import signal
@@ -44,8 +43,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpu_models import write_models  # noqa: E402
-from serving import (eagle3_args, installed_sglang, http, interleaved_runs, load, machine, out_of_time,  # noqa: E402
-                     portable_command, quartiles, start_all, stop_all, tok_s)
+from serving import (eagle3_args, installed_sglang, http, interleaved_runs, load, machine, median_ci,  # noqa: E402
+                     out_of_time, portable_command, quartiles, start_all, stop_all, tok_s)
 
 PAUSE_SIGNAL = "SIGUSR2"
 
@@ -138,13 +137,6 @@ def independent_check(server, concurrency, new_tokens):
     if "draft_inputs" in ours:
         out["draft_inputs_ms_per_cycle"] = round(ours["draft_inputs"] / cycles, 4)
     return out
-
-
-def median_ci(ratios, n=4000, seed=0):
-    """A 95% bootstrap interval of the median: how well the runs pin the median down."""
-    rng = random.Random(seed)
-    meds = sorted(statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(n))
-    return meds[int(0.025 * n)], meds[int(0.975 * n) - 1]
 
 
 def main():

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import random
 import shlex
 import signal
 import statistics
@@ -192,6 +193,13 @@ def quartiles(xs):
         return xs[0], xs[0]
     q = statistics.quantiles(xs, n=4, method="inclusive")
     return q[0], q[2]
+
+
+def median_ci(ratios, n=4000, seed=0):
+    """A 95% bootstrap interval of the median: how well the runs pin the median down."""
+    rng = random.Random(seed)
+    meds = sorted(statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(n))
+    return meds[int(0.025 * n)], meds[int(0.975 * n) - 1]
 
 
 def rotations(names, rounds):
