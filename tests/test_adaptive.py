@@ -1,5 +1,6 @@
 """--speculative-adaptive: the profile keyed by the step count each cycle ran at, and the cost
 policy (overlay/sglang/specprof/policy.py) on SGLang's own adaptive chooser."""
+import functools
 import random
 
 import pytest
@@ -111,17 +112,25 @@ def test_a_fixed_step_count_keeps_the_plain_bucket_names():
 CANDS = [1, 2, 3, 4, 5]
 
 
+@functools.lru_cache(maxsize=None)
+def _upstream_module():
+    from test_report import _upstream_adaptive
+
+    return _upstream_adaptive("0.5.16")  # read from the wheel and compiled once
+
+
 def _upstream(config):
     """SGLang 0.5.16's own AdaptiveSpeculativeParams with a config, from the pinned wheel."""
     import json
+    import os
     import tempfile
 
-    from test_report import _upstream_adaptive
-
-    mod = _upstream_adaptive("0.5.16")
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump(config, f)
-    return mod.AdaptiveSpeculativeParams(initial_steps=3, cfg_path=f.name)
+    try:
+        return _upstream_module().AdaptiveSpeculativeParams(initial_steps=3, cfg_path=f.name)
+    finally:
+        os.remove(f.name)
 
 
 def multinomial(mean, rng):
@@ -346,6 +355,7 @@ def test_the_policy_never_takes_the_server_down():
 RECORDED = __import__("pathlib").Path(__file__).parent / "data" / "adaptive" / "0.5.16-m3"
 
 
+@functools.lru_cache(maxsize=None)
 def _recorded():
     """Per (batch-size bucket, step count) of the GPU run (0.5.16, 8B-shaped dummy EAGLE3,
     multinomial acceptance 3, steps 1-5 in every tier): the mean GPU period of a cycle, the
