@@ -121,6 +121,7 @@ def run(p, cycles, sync, bs=8, buckets=1, wait_s=0.0, ctx=None, wait=gpu_wait):
         n = sizes[i % len(sizes)]
         rs = reqs[n]
         correct = [2] * n
+        runs = (0, 0, 0)  # each request's verified run: its 2 correct drafts and the bonus
         t = clock()
         p.begin("decode", n, lens[n])
         for m in MARKS:
@@ -132,12 +133,12 @@ def run(p, cycles, sync, bs=8, buckets=1, wait_s=0.0, ctx=None, wait=gpu_wait):
         t = clock()
         p.harvest(correct)
         p.commit_begin(rs)
-        for r in rs:  # the scheduler appends each run (not timed as the profiler's)
-            pass
+        spent += clock() - t
+        for r in rs:  # the scheduler appends each request's run between the two (not timed)
+            r.output_ids.extend(runs)
+        t = clock()
         p.commit_end()
         out.append((spent + clock() - t) * 1e6)
-        for r in rs:
-            r.output_ids.extend((0, 0, 0))
     sync()
     return out
 

@@ -816,8 +816,7 @@ def test_a_fifo_as_output_is_refused_at_startup(tmp_path):
 # Python calls into the profiler's own code per v2 decode cycle of 8 requests on the
 # scheduler's thread (the hooks and the commit; the reader thread reads the events), counted at the time of writing
 # plus a margin: a change that makes the hot path do more fails here, on any machine.
-HOT_PATH_CALLS = 26
-HOT_PATH_CALLS_SAMPLED = 28  # with the phases timed in one cycle of 4
+HOT_PATH_CALLS = 20  # 18.3 at the time of writing, timed by phase or not (the gate's and end's writes inline)
 
 
 class CountingBackend(FakeBackend):
@@ -846,7 +845,7 @@ class CountingBackend(FakeBackend):
         return super().elapsed(a, b)
 
 
-@pytest.mark.parametrize("every, most, records", [(1, HOT_PATH_CALLS, 12), (4, HOT_PATH_CALLS_SAMPLED, 4.5)])
+@pytest.mark.parametrize("every, most, records", [(1, HOT_PATH_CALLS, 12), (4, HOT_PATH_CALLS, 4.5)])
 def test_the_hot_path_stays_small(every, most, records):
     import sys
     import time
@@ -953,6 +952,36 @@ def test_the_reader_waits_for_the_gate_or_an_idle_server(monkeypatch):
     while p.totals_now()["decode_cycles"] < 16 and time.time() < deadline:
         time.sleep(0.001)
     assert p.totals_now()["decode_cycles"] == 16
+
+
+def test_the_gate_wakes_a_waiting_helper_and_costs_no_lock_otherwise():
+    """Opening the gate sets its event only when a helper said it waits, and such a helper
+    is woken by the next opening, whichever of the two comes first."""
+    import threading
+    import time
+
+    from sglang.specprof.folder import Gate
+
+    g = Gate()
+    g.open()
+    assert not g._ev.is_set()  # nobody waits: an attribute write, no lock taken
+    for first in ("helper", "scheduler"):
+        g.shut()
+        woke = []
+        t = threading.Thread(target=lambda: woke.append(g.wait(timeout=30)))
+        if first == "scheduler":  # an opening and a shutting before the helper looks: it waits
+            g.open()
+            g.shut()
+        t.start()
+        deadline = time.time() + 10
+        while not g.waiting and time.time() < deadline:
+            time.sleep(0.001)
+        assert g.waiting
+        t0 = time.time()
+        g.open()
+        t.join(10)
+        assert woke == [True] and time.time() - t0 < 5  # woken by the opening, not the 30 s timeout
+        assert not g.waiting
 
 
 def test_the_rank_exchange_folder_is_this_users_alone(tmp_path):

@@ -17,8 +17,10 @@ class AcceptHooks:
         finished ones. v2 hands every request of the batch, so its list waits for the
         scheduler's commit (`commit_begin` / `commit_end`), which says what reached each
         request; a list whose commit never came is counted whole when the next one arrives."""
-        if self.open_at_end:  # the wait for the GPU is over
-            self.gate.shut()
+        if self.open_at_end:  # the wait for the GPU is over (Gate.shut, inline)
+            g = self.gate
+            g.is_open = False
+            g.busy = True
         if correct_per_req is None:
             return
         try:

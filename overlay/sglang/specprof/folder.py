@@ -33,20 +33,25 @@ IDLE_S = 0.02  # with the gate shut this long, the server is idle (or busy on th
 
 
 class Gate:
-    """Open while the scheduler's thread waits for the GPU with the GIL released."""
+    """Open while the scheduler's thread waits for the GPU with the GIL released.
+
+    `open` and `shut` run on the scheduler's thread every cycle: attribute writes only, and
+    the event is set only when a helper said it waits for it (`waiting`). A helper clears
+    the event before it says so, so no opening after that is missed."""
 
     def __init__(self):
         self.is_open = False
         self.busy = False  # the scheduler's thread shut the gate since the helpers last found it idle
+        self.waiting = False  # a helper waits on the event: the next opening sets it
         self._ev = threading.Event()
 
     def open(self):
         self.is_open = True
-        ev = self._ev
-        if not ev.is_set():
-            ev.set()
+        if self.waiting:
+            self.waiting = False
+            self._ev.set()
 
-    def shut(self):
+    def shut(self):  # the hot path writes these two inline (profiler.py)
         self.is_open = False
         self.busy = True
 
@@ -56,6 +61,7 @@ class Gate:
         if self.is_open or not self.busy:
             return True
         self._ev.clear()
+        self.waiting = True
         if self.is_open:
             return True
         if self._ev.wait(timeout):

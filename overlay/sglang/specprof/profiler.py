@@ -167,7 +167,9 @@ class Profiler(GraphHooks, AcceptHooks, NullProfiler):
         if self.broken:
             return
         try:
-            self.gate.shut()  # the scheduler's thread has work of its own
+            g = self.gate  # shut: the scheduler's thread has work of its own (Gate.shut, inline)
+            g.is_open = False
+            g.busy = True
             if self.graphs.capturing is not None:
                 self.graphs.capture_done()
             if self.cur is not None:  # a cycle that never ended (an exception upstream): discard it
@@ -178,7 +180,7 @@ class Profiler(GraphHooks, AcceptHooks, NullProfiler):
             elif kind == "decode" and steps != self.last_steps:
                 self._switched(bs, steps)
             free = self.free
-            if self.behind():  # the reader got no turn (or events do not complete)
+            if len(free) < BEHIND:  # the reader got no turn (or events do not complete)
                 self._hand_over()
                 if self.folder.threaded:
                     self.folder.help()
@@ -192,21 +194,23 @@ class Profiler(GraphHooks, AcceptHooks, NullProfiler):
             s.steps = steps
             s.seq = seq = self.seq
             self.seq = seq + 1
-            if not self.detail_all and kind == "decode":
+            if kind != "decode" or self.detail_all:
+                if ctx is not None:
+                    s.ctx = context_tokens(ctx)
+            else:
                 seen = self._detail_seen
                 k = seen.get(bs, 0)
                 seen[bs] = k + 1
                 if k % self.phases_every:
                     s.detail = False
-            if ctx is not None and s.detail:  # a tensor's sum costs microseconds: the cycles timed by phase only
-                s.ctx = context_tokens(ctx)
+                elif ctx is not None:  # a tensor's sum costs microseconds: the cycles timed by phase only
+                    s.ctx = context_tokens(ctx)
             self.cur = s
             b = self.backend
             b.refresh()
             b.record(s.events[0])
             s.host[0] = self.clock()
-            s.names[0] = "begin"
-            s.n = 1
+            s.n = 1  # names[0] is "begin" in every slot
         except Exception as e:  # never take the server down
             self._fail(e)
 
@@ -241,9 +245,13 @@ class Profiler(GraphHooks, AcceptHooks, NullProfiler):
         if s is None:
             return
         self.cur = None
-        if not s.detail:  # the cycle's end: its last mark came just before
+        if not s.detail:  # the cycle's end: its last mark came just before (_record, inline)
             try:
-                self._record(s, "end")
+                n = s.n  # 1: no mark recorded (the slot holds FIRST_MARKS events)
+                self.backend.record(s.events[n])
+                s.host[n] = self.clock()
+                s.names[n] = "end"
+                s.n = n + 1
             except Exception as e:
                 self._fail(e)
                 return
@@ -251,8 +259,12 @@ class Profiler(GraphHooks, AcceptHooks, NullProfiler):
         items.append(("slot", s))
         if len(items) >= HAND_OVER:
             self._hand_over()
-        if self.open_at_end:
-            self.gate.open()
+        if self.open_at_end:  # Gate.open, inline
+            g = self.gate
+            g.is_open = True
+            if g.waiting:
+                g.waiting = False
+                g._ev.set()
 
     def _switched(self, bs, steps):
         old, self.last_steps = self.last_steps, steps

@@ -34,7 +34,7 @@ class Slot:
     def __init__(self, backend):
         self.events = [backend.new_event() for _ in range(FIRST_MARKS)]
         self.host = [0.0] * FIRST_MARKS
-        self.names: list = [None] * FIRST_MARKS
+        self.names: list = ["begin"] + [None] * (FIRST_MARKS - 1)  # the first mark is always the begin
         self.step_events: list = []
         self.reset()
 
