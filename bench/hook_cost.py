@@ -13,12 +13,20 @@ the v2 scheduler waits there for the GPU, so the reader's work can fall there. `
 spreads the cycles over that many batch-size buckets (a window close costs more with more).
 
     python bench/hook_cost.py [--cycles 5000] [--reps 7] [--cpu] [--threaded --wait-us 2000 [--wait-kind cuda]]
-                              [--phases-every K] [--ctx tensor]
+                              [--phases-every K] [--ctx tensor] [--against DIR]
+
+`--against DIR` (a folder holding another tree's `sglang/specprof`, e.g. from `git archive`)
+times that tree's profiler in the same process, interleaved with this one's rep by rep in
+alternating order: the same host, caches and clocks for both, and a paired difference per rep.
 """
 import argparse
+import importlib
+import importlib.util
 import json
 import logging
+import os
 import statistics
+import sys
 import time
 
 from sglang.specprof.profiler import NullProfiler, Profiler
@@ -76,6 +84,20 @@ class Req:
 
 
 _BUF = bytes(1 << 16)
+
+
+def load_tree(folder):
+    """Another tree's `sglang/specprof` under the name `specprof_against` (its imports are
+    relative): its profiler module."""
+    pkg = os.path.join(folder, "sglang", "specprof")
+    if not os.path.isfile(os.path.join(pkg, "profiler.py")):
+        raise SystemExit(f"--against {folder}: no sglang/specprof/profiler.py there")
+    spec = importlib.util.spec_from_file_location("specprof_against", os.path.join(pkg, "__init__.py"),
+                                                  submodule_search_locations=[pkg])
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["specprof_against"] = mod
+    spec.loader.exec_module(mod)
+    return importlib.import_module("specprof_against.profiler")
 
 
 def gpu_wait(seconds):
@@ -156,30 +178,46 @@ def main():
                     help="how --wait-us waits: spin hashing in C with the GIL released (default), or, on a GPU, a "
                     "kernel of that length and a stream synchronisation, as the scheduler waits")
     ap.add_argument("--torch-events", action="store_true", help="torch's events, not cuda.bindings")
+    ap.add_argument("--gil-events", action="store_true",
+                    help="records through ctypes holding the GIL (cuda_backend.GilEvents), not cuda.bindings")
     ap.add_argument("--phases-every", type=int, default=4, metavar="K",
                     help="time the phases in one cycle of K, as --speculative-profile-phases-every (default 4; "
                     "1: every phase of every cycle)")
     ap.add_argument("--ctx", choices=["number", "tensor"], default=None,
                     help="the sequence lengths `begin` gets: a number, or a CPU tensor as 0.5.16 and later pass "
                     "(default: tensor on a GPU, number with --cpu)")
+    ap.add_argument("--against", metavar="DIR", help="another tree's sglang/specprof under DIR, timed interleaved")
     ap.add_argument("--cpu", action="store_true",
                     help="no GPU: events that cost nothing, so only the profiler's Python is timed")
     a = ap.parse_args()
     logging.basicConfig(level=logging.INFO, handlers=[logging.NullHandler()])
     config = {"algorithm": "EAGLE3", "num_steps": 3, "topk": 1, "draft_tokens": 4, "worker": "v2"}
+    trees = {"on": (Profiler, None)}
+    if a.against:
+        trees["against"] = (load_tree(a.against).Profiler, "specprof_against.cuda_backend")
     if a.cpu:
         import platform
 
-        backend, sync, device = CpuBackend(), (lambda: None), platform.processor()
+        sync, device = (lambda: None), platform.processor()
+
+        def make_backend(mod):
+            return CpuBackend()
     else:
         import torch
 
-        from sglang.specprof.cuda_backend import CudaBackend, TorchEvents
+        from sglang.specprof import cuda_backend
 
         torch.cuda.set_stream(torch.cuda.Stream())  # a stream of its own, as the scheduler's forward stream
-        backend = TorchEvents() if a.torch_events else CudaBackend()
         sync, device = torch.cuda.synchronize, torch.cuda.get_device_name()
-    on = Profiler(backend, interval=100, config=config, threaded=a.threaded, phases_every=a.phases_every)
+
+        def make_backend(mod):
+            mod = importlib.import_module(mod) if mod else cuda_backend
+            if a.gil_events:
+                return mod.GilEvents()
+            return mod.TorchEvents() if a.torch_events else mod.CudaBackend()
+    profs = {name: cls(make_backend(mod), interval=100, config=config, threaded=a.threaded,
+                       phases_every=a.phases_every) for name, (cls, mod) in trees.items()}
+    backend = make_backend(None)
     off = NullProfiler()
     ctx = a.ctx or ("number" if a.cpu else "tensor")
     kw = dict(bs=a.bs, buckets=a.buckets, wait_s=a.wait_us / 1e6)
@@ -191,17 +229,25 @@ def main():
         import torch
 
         kw["ctx"] = lambda n: torch.full((n,), 1000, dtype=torch.int64)
-    run(on, 500, sync, **kw)  # warm up
-    res = {"off": [], "on": []}
-    tails = {"off": [], "on": []}
-    for _ in range(a.reps):  # interleaved
-        for name, p in (("off", off), ("on", on)):
+    for p in profs.values():
+        run(p, 500, sync, **kw)  # warm up
+    names = ["off", *profs]
+    res = {k: [] for k in names}
+    tails = {k: [] for k in names}
+    mids = {k: [] for k in names}  # each rep's median cycle: the hooks without the rare long ones
+    for rep in range(a.reps):  # interleaved; with --against, the two trees in alternating order
+        order = names if rep % 2 == 0 else ["off", *reversed(list(profs))]
+        for name in order:
+            p = off if name == "off" else profs[name]
             us = run(p, a.cycles, sync, **kw)
             res[name].append(statistics.fmean(us))
             tails[name].append((sorted(us)[int(0.99 * len(us))], max(us)))
-        if a.threaded:
-            on.flush()
-    on.flush()
+            mids[name].append(statistics.median(us))
+            if a.threaded and name != "off":
+                p.flush()
+    for p in profs.values():
+        p.flush()
+    on = profs["on"]
     out = {k: round(statistics.median(v), 2) for k, v in res.items()}
     # every cycle read in the end, none dropped: the reader kept up
     out["cycles_read"] = on.totals_now()["decode_cycles"]
@@ -210,9 +256,18 @@ def main():
     out["added_us_per_cycle"] = round(out["on"] - out["off"], 2)
     out["on_p99_us"] = round(statistics.median(t[0] for t in tails["on"]), 2)
     out["on_max_us"] = round(max(t[1] for t in tails["on"]), 1)
+    if a.against:
+        ag = profs["against"]
+        out["against_dir"] = a.against
+        out["against_added_us_per_cycle"] = round(out["against"] - out["off"], 2)
+        out["against_cycles_untimed"] = ag.dropped + ag.read_dropped
+        out["against_p99_us"] = round(statistics.median(t[0] for t in tails["against"]), 2)
+        diff = [x - y for x, y in zip(res["on"], res["against"])]  # paired, rep by rep
+        out["on_minus_against_us"] = {"median": round(statistics.median(diff), 2), "reps": [round(d, 2) for d in diff]}
+    out["median_cycle_us"] = {k: round(statistics.median(v), 2) for k, v in mids.items()}
     out["runs_us"] = {k: [round(x, 2) for x in v] for k, v in res.items()}
-    out.update(device=device or "cpu", events=getattr(backend, "kind", "none"), threaded=a.threaded, wait_us=a.wait_us, wait_kind=a.wait_kind, buckets=a.buckets, bs=a.bs,
-               phases_every=a.phases_every, ctx=ctx)
+    out.update(device=device or "cpu", events=getattr(backend, "kind", "none"), threaded=a.threaded, wait_us=a.wait_us,
+               wait_kind=a.wait_kind, buckets=a.buckets, bs=a.bs, phases_every=a.phases_every, ctx=ctx)
     print(json.dumps(out))
 
 
