@@ -18,6 +18,7 @@ spreads the cycles over that many batch-size buckets (a window close costs more 
 `--against DIR` (a folder holding another tree's `sglang/specprof`, e.g. from `git archive`)
 times that tree's profiler in the same process, interleaved with this one's rep by rep in
 alternating order: the same host, caches and clocks for both, and a paired difference per rep.
+`--against-gil` does the same with this tree's profiler on records that hold the GIL.
 """
 import argparse
 import importlib
@@ -84,6 +85,37 @@ class Req:
 
 
 _BUF = bytes(1 << 16)
+
+
+def gil_events(cuda_backend):
+    """The driver's events (`cuda_backend.DriverEvents`) with a record through ctypes that holds
+    the GIL (`ctypes.PyDLL`): at a mark no other Python thread can take the GIL, which
+    `cuda.bindings` and torch release in every call (`bench/event_cost.py`)."""
+    import ctypes
+
+    class GilEvents(cuda_backend.DriverEvents):
+        kind = "ctypes"
+
+        def __init__(self):
+            f = ctypes.PyDLL("libcuda.so.1").cuEventRecord
+            f.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+            f.restype = ctypes.c_int
+            self._crec = f
+            self._craw = None
+            super().__init__()
+
+        def refresh(self):
+            raw = self._raw()
+            if raw != self._craw:
+                cuda_backend.DriverEvents.refresh(self)
+                self._craw = raw
+
+        def record(self, event):
+            err = self._crec(int(event), self._craw)
+            if err:
+                raise RuntimeError(f"cuEventRecord failed: CUresult {err}")
+
+    return GilEvents()
 
 
 def load_tree(folder):
@@ -179,7 +211,7 @@ def main():
                     "kernel of that length and a stream synchronisation, as the scheduler waits")
     ap.add_argument("--torch-events", action="store_true", help="torch's events, not cuda.bindings")
     ap.add_argument("--gil-events", action="store_true",
-                    help="records through ctypes holding the GIL (cuda_backend.GilEvents), not cuda.bindings")
+                    help="records through ctypes holding the GIL (gil_events), not cuda.bindings")
     ap.add_argument("--phases-every", type=int, default=4, metavar="K",
                     help="time the phases in one cycle of K, as --speculative-profile-phases-every (default 4; "
                     "1: every phase of every cycle)")
@@ -187,6 +219,8 @@ def main():
                     help="the sequence lengths `begin` gets: a number, or a CPU tensor as 0.5.16 and later pass "
                     "(default: tensor on a GPU, number with --cpu)")
     ap.add_argument("--against", metavar="DIR", help="another tree's sglang/specprof under DIR, timed interleaved")
+    ap.add_argument("--against-gil", action="store_true",
+                    help="in place of --against: this tree with records that hold the GIL (gil_events), interleaved")
     ap.add_argument("--cpu", action="store_true",
                     help="no GPU: events that cost nothing, so only the profiler's Python is timed")
     a = ap.parse_args()
@@ -195,6 +229,9 @@ def main():
     trees = {"on": (Profiler, None)}
     if a.against:
         trees["against"] = (load_tree(a.against).Profiler, "specprof_against.cuda_backend")
+    elif a.against_gil:
+        trees["against"] = (Profiler, "gil")
+        a.against = "GilEvents"
     if a.cpu:
         import platform
 
@@ -211,9 +248,11 @@ def main():
         sync, device = torch.cuda.synchronize, torch.cuda.get_device_name()
 
         def make_backend(mod):
+            if mod == "gil":
+                return gil_events(cuda_backend)
             mod = importlib.import_module(mod) if mod else cuda_backend
             if a.gil_events:
-                return mod.GilEvents()
+                return gil_events(mod)
             return mod.TorchEvents() if a.torch_events else mod.CudaBackend()
     profs = {name: cls(make_backend(mod), interval=100, config=config, threaded=a.threaded,
                        phases_every=a.phases_every) for name, (cls, mod) in trees.items()}

@@ -128,32 +128,3 @@ class DriverEvents(TorchEvents):
     def elapsed(self, a, b) -> float:
         err, ms = self._elapsed(a, b)
         return self._check(err, ms, call="cuEventElapsedTime")
-
-
-class GilEvents(DriverEvents):
-    """`DriverEvents` whose record is a ctypes call that holds the GIL (`ctypes.PyDLL`): at a
-    mark no other Python thread can take the GIL (`cuda.bindings` and torch release it in
-    every call), at about 0.5 us more a record (`bench/event_cost.py`)."""
-
-    kind = "ctypes"
-
-    def __init__(self):
-        import ctypes
-
-        f = ctypes.PyDLL("libcuda.so.1").cuEventRecord
-        f.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
-        f.restype = ctypes.c_int
-        self._crec = f
-        self._craw = None
-        super().__init__()
-
-    def refresh(self) -> None:
-        raw = self._raw()
-        if raw != self._craw:
-            DriverEvents.refresh(self)
-            self._craw = raw
-
-    def record(self, event) -> None:
-        err = self._crec(int(event), self._craw)
-        if err:
-            raise RuntimeError(f"cuEventRecord failed: CUresult {err}")
