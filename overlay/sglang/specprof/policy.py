@@ -15,7 +15,10 @@ runs at) and, per tier, runs the candidate with the highest tokens/s:
   period holds the worker's swap of graphs, not the setting's cost); predicted for the
   others from the step count running now, by the slope of a line through the fresh
   measurements, at least the draft model's step time measured now, at most the cycle
-  scaled by its tokens;
+  scaled by its tokens; every candidate's periods taken at the batch size the tier runs
+  now (each cycle moved by the tier's growth per request, fitted within each candidate's
+  own cycles and pooled), so that one measured while the batches were smaller (a load's
+  tail) does not look faster for it;
 - explored: a rival predicted faster, a neighbour not measured lately whose prediction is
   within EXPLORE_MARGIN, or a neighbour whose acceptance is known from so few requests that
   its upper bound (UPPER_Z standard errors) would beat the current figure (at most once in
@@ -66,9 +69,10 @@ MODES = ("cost", "ema")
 class Period:
     """A candidate's GPU period per cycle in one tier, over its last RING cycles: the mean of
     the middle of them (the longest and shortest TRIM left out: a stall, a kernel compiled
-    for a new shape, is not the setting's cost)."""
+    for a new shape, is not the setting's cost). The sums over the ring of the batch size,
+    the period and their products are kept as cycles come and go (the batch-size fit)."""
 
-    __slots__ = ("ms", "bs", "step_ms", "seen_at", "cycles", "_mean")
+    __slots__ = ("ms", "bs", "step_ms", "seen_at", "cycles", "_mean", "sums")
 
     def __init__(self):
         self.ms: deque = deque(maxlen=RING)
@@ -77,28 +81,47 @@ class Period:
         self.seen_at = -1  # the tier's cycle count when it last ran
         self.cycles = 0  # cycles since it was (re)started
         self._mean = None
+        self.sums = [0.0, 0.0, 0.0, 0.0]  # over the ring: bs, ms, bs * bs, bs * ms
 
     def add(self, ms, bs, step_ms):
+        s = self.sums
+        if len(self.ms) == RING:  # the oldest leaves the ring
+            b0, m0 = self.bs[0], self.ms[0]
+            s[0] -= b0
+            s[1] -= m0
+            s[2] -= b0 * b0
+            s[3] -= b0 * m0
         self.ms.append(ms)
         self.bs.append(bs)
+        s[0] += bs
+        s[1] += ms
+        s[2] += bs * bs
+        s[3] += bs * ms
         if step_ms:
             self.step_ms.append(step_ms)
         self.cycles += 1
         self._mean = None
+        if self.cycles % RING == 0:  # afresh now and then: no rounding piles up
+            self.sums = [sum(self.bs), sum(self.ms), sum(b * b for b in self.bs),
+                         sum(b * m for b, m in zip(self.bs, self.ms))]
 
     def measured(self) -> bool:
         return self.cycles >= MIN_CYCLES
 
-    def mean(self):
+    def mean(self, at_bs=None, slope=0.0):
+        """The trimmed mean; with `at_bs`, moved to that batch size from the ring's mean batch
+        size by `slope` ms a request (Tier.batch_slope)."""
         if self._mean is None:
             xs = sorted(self.ms)
             k = int(len(xs) * TRIM)
             mid = xs[k:len(xs) - k] or xs
             self._mean = sum(mid) / len(mid)
+        if at_bs is not None and slope:
+            return self._mean + slope * (at_bs - self.mean_bs())
         return self._mean
 
     def mean_bs(self):
-        return sum(self.bs) / len(self.bs) if self.bs else 0.0
+        return self.sums[0] / len(self.bs) if self.bs else 0.0
 
     def mean_step(self):
         return sum(self.step_ms) / len(self.step_ms) if self.step_ms else None
@@ -180,14 +203,40 @@ class Tier:
         stale = max(STALE_CYCLES, STALE_REQUESTS / max(f.mean_bs(), 1.0))
         return self.cycles - f.seen_at <= stale
 
-    def period(self, c):
-        """(GPU ms per cycle at `c`, "measured" or "predicted"), or (None, "unknown")."""
+    def batch_slope(self) -> float:
+        """GPU ms a cycle grows by per request of batch, within this tier: the covariance of each
+        candidate's periods with its batch sizes about its own means, pooled (so the step counts'
+        own costs do not enter), at least 0 and at most the period in proportion to the batch."""
+        sxx = sxy = 0.0
+        most = None
+        for f in self.periods.values():
+            n = len(f.ms)
+            if n < MIN_CYCLES:
+                continue
+            sb, sm, sbb, sbm = f.sums
+            sxx += sbb - sb * sb / n
+            sxy += sbm - sb * sm / n
+            if sb > 0:
+                most = sm / sb if most is None else min(most, sm / sb)
+        if sxx <= 1e-9 or most is None:
+            return 0.0
+        return min(max(sxy / sxx, 0.0), most)
+
+    def at_batch(self):
+        """Where candidates are compared: (batch size, slope): the batch the tier runs now (the
+        mean over the current step count's periods) and Tier.batch_slope. A candidate measured
+        while the batches were smaller (the tail of a load) would otherwise look faster."""
+        return self.periods[self.steps].mean_bs() or None, self.batch_slope()
+
+    def period(self, c, at=(None, 0.0)):
+        """(GPU ms per cycle at `c`, "measured" or "predicted"), or (None, "unknown"); `at`:
+        (batch size, slope) to compare at (at_batch)."""
         if self.fresh(c):
-            return self.periods[c].mean(), "measured"
+            return self.periods[c].mean(*at), "measured"
         cur = self.periods[self.steps]
         if not cur.measured():
             return None, "unknown"
-        pts = [(k, self.periods[k].mean()) for k in self.candidates if self.fresh(k)]
+        pts = [(k, self.periods[k].mean(*at)) for k in self.candidates if self.fresh(k)]
         slope = 0.0
         if len(pts) >= 2:
             n = len(pts)
@@ -200,14 +249,14 @@ class Tier:
             slope = step
         # at most the whole cycle in proportion to its tokens (steps + 1): a noisy line through
         # close points must not predict a cycle for nothing
-        t = cur.mean()
+        t = cur.mean(*at)
         slope = min(slope, t / (self.steps + 1))
         return t + slope * (c - self.steps), "predicted"
 
-    def rate(self, c, z=0.0):
+    def rate(self, c, z=0.0, at=(None, 0.0)):
         """(tokens a request gets per GPU ms at `c`, how its period is known); with `z`, the
-        acceptance at its upper bound (`Acceptance.tokens`)."""
-        t, how = self.period(c)
+        acceptance at its upper bound (`Acceptance.tokens`); `at`: see `period`."""
+        t, how = self.period(c, at)
         e = self.accept.tokens(c, z)
         if t is None or e is None:
             return None, "unknown"
@@ -310,7 +359,8 @@ class CostPolicy:
             if not f.measured() or f.cycles * (f.mean_bs() or 1.0) < PROBE_REQUESTS:
                 return None  # the probe runs on until measured
             t.probing = None
-        rates = {c: t.rate(c) for c in t.candidates}
+        at = t.at_batch()
+        rates = {c: t.rate(c, at=at) for c in t.candidates}
         bs = t.periods[cur].mean_bs() or t.key
         t.last = {c: (None if r is None else round(r * bs * 1000.0, 1), how) for c, (r, how) in rates.items()}
         here = rates[cur][0]
@@ -332,7 +382,7 @@ class CostPolicy:
                 r, how = rates[c]
                 if how == "predicted" and r >= here * (1 - EXPLORE_MARGIN):
                     return self._probe(t, c, here, r)
-                up = t.rate(c, UPPER_Z)[0]
+                up = t.rate(c, UPPER_Z, at)[0]
                 if (up is not None and up > here * (1 + HYSTERESIS) and r >= here * (1 - EXPLORE_MARGIN)
                         and t.cycles >= t.probed_at.get(c, -10**9) + COOLDOWN * self._probe_cycles(t)):
                     return self._probe(t, c, here, r, "uncertain")
