@@ -408,19 +408,21 @@ def test_the_policy_never_takes_the_server_down():
 
 # -- replayed on a recorded profile -----------------------------------------------------------
 
-RECORDED = __import__("pathlib").Path(__file__).parent / "data" / "adaptive" / "0.5.16-m3"
+DATA = __import__("pathlib").Path(__file__).parent / "data" / "adaptive"
+RECORDED = DATA / "0.5.16-m3"
 
 
 @functools.lru_cache(maxsize=None)
-def _recorded():
-    """Per (batch-size bucket, step count) of the GPU run (0.5.16, 8B-shaped dummy EAGLE3,
-    multinomial acceptance 3, steps 1-5 in every tier): the mean GPU period of a cycle, the
-    histogram of correct drafts per request, and the tokens/s the profile measured."""
+def _recorded(name="0.5.16-m3", least=500):
+    """Per (batch-size bucket, step count) of a GPU run (0.5.16, 8B-shaped dummy EAGLE3,
+    multinomial acceptance 3 (`0.5.16-m3`) or 4 (`0.5.16-m4`), steps 1-5 in every tier): the
+    mean GPU period of a cycle, the histogram of correct drafts per request, and the tokens/s
+    the profile measured; buckets of `least` cycles or more."""
     import lzma
     import tempfile
 
     with tempfile.NamedTemporaryFile("wb", suffix=".jsonl") as f:
-        f.write(lzma.decompress((RECORDED / "profile.jsonl.xz").read_bytes()))
+        f.write(lzma.decompress((DATA / name / "profile.jsonl.xz").read_bytes()))
         f.flush()
         summary = report.summarize(report.load(f.name)[0])
     from sglang_specprof.window import bucket_bs, bucket_steps
@@ -428,23 +430,26 @@ def _recorded():
     out = {}
     for key, b in summary["buckets"].items():
         s = bucket_steps(key)
-        if s is None or b["cycles"] < 500:
+        if s is None or b["cycles"] < least:
             continue
         out[(bucket_bs(key), s)] = (b["cycle_period_gpu_ms"]["mean"], b["accept"]["drafts_histogram"],
                                     b["tokens_per_s"])
     return out
 
 
-@pytest.mark.parametrize("bs", [1, 16, 32])
-def test_replayed_on_the_recorded_profile_the_policy_picks_what_measured_fastest(bs):
+@pytest.mark.parametrize("name, bs", [("0.5.16-m3", 1), ("0.5.16-m3", 16), ("0.5.16-m3", 32),
+                                      ("0.5.16-m4", 1), ("0.5.16-m4", 16), ("0.5.16-m4", 32)])
+def test_replayed_on_the_recorded_profile_the_policy_picks_what_measured_fastest(name, bs):
     """The policy driven by the recorded figures of each step count (each cycle's period and
     each request's correct drafts drawn from what the GPU run measured at that step count)
-    settles on the step count whose recorded tokens/s is highest in that bucket (3 in each,
-    which the interleaved static runs also found fastest)."""
-    rec = _recorded()
+    settles on the step counts within 2% of the highest recorded tokens/s in that bucket:
+    3 in each at acceptance 3 (which the interleaved static runs also found fastest); at
+    acceptance 4, 4 at 9-16 requests and 3 or 4 (1.3-1.4% apart) at 1 and 17-32."""
+    rec = _recorded(name, 300)  # the second run is shorter: 314 cycles at 9-16@5
     lo = {1: 1, 16: 9, 32: 17}[bs]
     fig = {s: rec[(lo, s)] for s in range(1, 6)}
     best = max(fig, key=lambda s: fig[s][2])
+    near = [s for s in fig if fig[s][2] >= 0.98 * fig[best][2]]
     rng = random.Random(5)
 
     def cost(s, n):
@@ -458,7 +463,7 @@ def test_replayed_on_the_recorded_profile_the_policy_picks_what_measured_fastest
                                       "32": {"candidate_steps": [1, 2, 3, 4, 5]}})
     used, _ = run_policy(policy, p, b, bs, None, cost, 2500, draws=draws)
     tail = used[-1000:]
-    assert tail.count(best) >= 800, {s: tail.count(s) for s in fig}  # the rest: probes (80 cycles at one request)
+    assert sum(s in near for s in tail) >= 800, {s: tail.count(s) for s in fig}  # the rest: probes
     rate = sum(fig[s][2] for s in tail) / len(tail)
     assert rate >= 0.98 * fig[best][2]
 
