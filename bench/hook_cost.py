@@ -162,9 +162,11 @@ def cuda_wait_fn():
     return wait
 
 
-def run(p, cycles, sync, bs=8, buckets=1, wait_s=0.0, ctx=None, wait=gpu_wait):
+def run(p, cycles, sync, bs=8, buckets=1, wait_s=0.0, ctx=None, wait=gpu_wait, launch=None):
     """Microseconds inside the hooks for each cycle (the wait for the GPU not counted).
-    `ctx(n)`: what `begin` is given as the batch's sequence lengths (default the number 8000)."""
+    `ctx(n)`: what `begin` is given as the batch's sequence lengths (default the number 8000).
+    `launch`: a list that takes each cycle's share before the wait (begin, the marks, end: in
+    the v2 scheduler that runs while the GPU works on the cycle before, the rest after it)."""
     reqs = {n: [Req() for _ in range(n)] for n in BUCKET_BS}
     lens = {n: 8000 if ctx is None else ctx(n) for n in BUCKET_BS}
     sizes = [bs] if buckets <= 1 else BUCKET_BS[:buckets]
@@ -182,6 +184,8 @@ def run(p, cycles, sync, bs=8, buckets=1, wait_s=0.0, ctx=None, wait=gpu_wait):
             p.mark(m)
         p.end()
         spent = clock() - t
+        if launch is not None:
+            launch.append(spent * 1e6)
         if wait_s:  # v2: after launching a cycle the scheduler waits for the one before
             wait(wait_s)
         t = clock()
@@ -274,12 +278,15 @@ def main():
     res = {k: [] for k in names}
     tails = {k: [] for k in names}
     mids = {k: [] for k in names}  # each rep's median cycle: the hooks without the rare long ones
+    before = {k: [] for k in names}  # each rep's mean share before the GPU wait
     for rep in range(a.reps):  # interleaved; with --against, the two trees in alternating order
         order = names if rep % 2 == 0 else ["off", *reversed(list(profs))]
         for name in order:
             p = off if name == "off" else profs[name]
-            us = run(p, a.cycles, sync, **kw)
+            pre = []
+            us = run(p, a.cycles, sync, launch=pre, **kw)
             res[name].append(statistics.fmean(us))
+            before[name].append(statistics.fmean(pre))
             tails[name].append((sorted(us)[int(0.99 * len(us))], max(us)))
             mids[name].append(statistics.median(us))
             if a.threaded and name != "off":
@@ -304,6 +311,8 @@ def main():
         diff = [x - y for x, y in zip(res["on"], res["against"])]  # paired, rep by rep
         out["on_minus_against_us"] = {"median": round(statistics.median(diff), 2), "reps": [round(d, 2) for d in diff]}
     out["median_cycle_us"] = {k: round(statistics.median(v), 2) for k, v in mids.items()}
+    # of the mean, what came before the GPU wait (begin, marks, end) and after (harvest, commit)
+    out["before_wait_us"] = {k: round(statistics.median(v), 2) for k, v in before.items()}
     out["runs_us"] = {k: [round(x, 2) for x in v] for k, v in res.items()}
     out.update(device=device or "cpu", events=getattr(backend, "kind", "none"), threaded=a.threaded, wait_us=a.wait_us,
                wait_kind=a.wait_kind, buckets=a.buckets, bs=a.bs, phases_every=a.phases_every, ctx=ctx)

@@ -97,3 +97,22 @@ def test_the_results_are_named_by_the_installed_release(monkeypatch):
 
     monkeypatch.setattr(metadata, "version", missing)
     assert serving.installed_sglang() == "unknown"
+
+
+def test_hook_cost_pairs_another_tree_in_one_process(tmp_path):
+    """`bench/hook_cost.py --against DIR` times DIR's profiler beside this one's, rep by rep,
+    on the CPU's events that cost nothing: every cycle of both read, the reps paired."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "overlay"))
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "hook_cost.py"), "--cpu", "--cycles", "200",
+                           "--reps", "3", "--threaded", "--wait-us", "200", "--against", str(ROOT / "overlay")],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert r["cycles_read"] == r["cycles_run"] == 500 + 3 * 200 and r["cycles_untimed"] == 0
+    assert r["against_cycles_untimed"] == 0 and len(r["on_minus_against_us"]["reps"]) == 3
+    assert [len(v) for v in r["runs_us"].values()] == [3, 3, 3]
+    for k in ("off", "on", "against"):  # what came before the wait is a part of the whole
+        assert 0 < r["before_wait_us"][k] < r[k]
+    bad = subprocess.run([sys.executable, str(ROOT / "bench" / "hook_cost.py"), "--cpu", "--against", str(tmp_path)],
+                         env=env, capture_output=True, text=True, timeout=60)
+    assert bad.returncode != 0 and "no sglang/specprof/profiler.py there" in bad.stderr
