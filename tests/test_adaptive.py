@@ -207,6 +207,32 @@ def test_the_cost_policy_settles_on_the_fastest_candidate(load):
     assert policy.switches <= len(used) / 30, policy.switches
 
 
+@pytest.mark.full  # fetches 0.5.17's wheel
+def test_on_0_5_17_the_policy_stands_in_for_its_own_adaptive_params():
+    """0.5.17's series times adaptive speculation too: the policy wraps that release's own
+    AdaptiveSpeculativeParams (read from its pinned wheel) and settles on the fastest."""
+    import json
+    import os
+    import tempfile
+
+    from test_report import _upstream_adaptive
+
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump({"1": {"candidate_steps": CANDS}}, f)
+    try:
+        up = _upstream_adaptive("0.5.17").AdaptiveSpeculativeParams(initial_steps=3, cfg_path=f.name)
+    finally:
+        os.remove(f.name)
+    p, b, out = _profiler(interval=200)
+    policy = pol.CostPolicy(up)
+    p.policy = policy
+    p.folder.observer = policy
+    bs, mean, cost = LOADS[0]
+    rates = {s: expected_rate(mean, cost, bs, s) for s in CANDS}
+    used, _ = run_policy(policy, p, b, bs, mean, cost, 2000)
+    assert sum(rates[s] for s in used[-800:]) / 800 >= 0.97 * max(rates.values())
+
+
 def test_learning_from_cold_costs_little():
     """A server's first 400 cycles of a tier, from nothing measured: the probes that measure
     each candidate are paid for there. (On the H200 at acceptance 4 the policy spent about 40%
