@@ -207,10 +207,12 @@ def test_the_cost_policy_settles_on_the_fastest_candidate(load):
     assert policy.switches <= len(used) / 30, policy.switches
 
 
-@pytest.mark.full  # fetches 0.5.17's wheel
-def test_on_0_5_17_the_policy_stands_in_for_its_own_adaptive_params():
-    """0.5.17's series times adaptive speculation too: the policy wraps that release's own
-    AdaptiveSpeculativeParams (read from its pinned wheel) and settles on the fastest."""
+@pytest.mark.full  # fetches the release's wheel
+@pytest.mark.parametrize("version", ["0.5.15", "0.5.15.post1", "0.5.17", "0.5.18"])
+def test_on_other_releases_the_policy_stands_in_for_their_own_adaptive_params(version):
+    """The series of 0.5.15 to 0.5.18 time adaptive speculation too: the policy wraps each
+    release's own AdaptiveSpeculativeParams (read from its pinned wheel) and settles on the
+    fastest."""
     import json
     import os
     import tempfile
@@ -220,7 +222,7 @@ def test_on_0_5_17_the_policy_stands_in_for_its_own_adaptive_params():
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump({"1": {"candidate_steps": CANDS}}, f)
     try:
-        up = _upstream_adaptive("0.5.17").AdaptiveSpeculativeParams(initial_steps=3, cfg_path=f.name)
+        up = _upstream_adaptive(version).AdaptiveSpeculativeParams(initial_steps=3, cfg_path=f.name)
     finally:
         os.remove(f.name)
     p, b, out = _profiler(interval=200)

@@ -1134,7 +1134,7 @@ def test_adaptive_speculation_is_timed_where_the_series_says_so():
         speculative_profile_output = None
         speculative_adaptive = True
 
-    with pytest.raises(spa.SpecProfileArgError, match="times --speculative-adaptive on SGLang 0.5.16 and 0.5.17 only"):
+    with pytest.raises(spa.SpecProfileArgError, match="times --speculative-adaptive on SGLang 0.5.15 to 0.5.18 only"):
         spa.validate(Args())
     Args.speculative_adaptive = False
     spa.validate(Args())

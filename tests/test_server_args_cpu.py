@@ -224,16 +224,16 @@ def test_adaptive_speculation_is_profiled_where_the_series_times_it_and_refused_
     if not re.search(r"^\s+--speculative-adaptive(?![-\w])", parsed["help"], re.M):  # upstream's own option
         assert "--speculative-adaptive-policy" not in parsed["help"]  # nor the policy (nor a prefix of it)
         pytest.skip("this release has no --speculative-adaptive")
-    if times_adaptive(parsed["version"]):  # 0.5.16, 0.5.17: profiled, and the cost policy taken
+    if times_adaptive(parsed["version"]):  # 0.5.15 to 0.5.18: profiled, and the cost policy taken
         for name, policy in (("adaptive", None), ("adaptive-cost", "cost")):
             case = parsed[name]
             assert case["rc"] == 0, case["stderr"]
             assert case["got"]["profile"] is True and case["got"]["policy"] == policy
         _one_sentence(parsed["cost-unprofiled"], "takes its figures from the profile: add --speculative-profile")
     else:
-        _one_sentence(parsed["adaptive"], "times --speculative-adaptive on SGLang 0.5.16 and 0.5.17 only")
-        _one_sentence(parsed["adaptive-cost"], "--speculative-adaptive-policy needs the adaptive speculation hooks of SGLang 0.5.16 or 0.5.17")
-        _one_sentence(parsed["cost-unprofiled"], "--speculative-adaptive-policy needs the adaptive speculation hooks of SGLang 0.5.16 or 0.5.17")
+        _one_sentence(parsed["adaptive"], "times --speculative-adaptive on SGLang 0.5.15 to 0.5.18 only")
+        _one_sentence(parsed["adaptive-cost"], "--speculative-adaptive-policy needs the adaptive speculation hooks of SGLang 0.5.15 to 0.5.18")
+        _one_sentence(parsed["cost-unprofiled"], "--speculative-adaptive-policy needs the adaptive speculation hooks of SGLang 0.5.15 to 0.5.18")
 
 
 def test_no_flag_leaves_upstream_behaviour(parsed):

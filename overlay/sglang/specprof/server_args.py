@@ -121,7 +121,7 @@ def validate(args) -> None:
         # upstream switches the step count batch by batch: without each cycle's step count a
         # bucket would mix them, and the advisor would read the mix as one setting
         raise SpecProfileArgError(
-            "--speculative-profile times --speculative-adaptive on SGLang 0.5.16 and 0.5.17 only (its step count changes from "
+            "--speculative-profile times --speculative-adaptive on SGLang 0.5.15 to 0.5.18 only (its step count changes from "
             "batch to batch): profile without it here, and `sglang-specprof report --adaptive-config` writes its "
             "config."
         )
@@ -163,7 +163,7 @@ def from_cli_args(parser: argparse.ArgumentParser, server_args_cls, raw_args):
     the command line can still be refused with a usage error."""
     try:
         if getattr(raw_args, ADAPTIVE_FIELD, None) is not None and not hasattr(server_args_cls, ADAPTIVE_FIELD):
-            raise SpecProfileArgError("--speculative-adaptive-policy needs the adaptive speculation hooks of SGLang 0.5.16 or 0.5.17, "
+            raise SpecProfileArgError("--speculative-adaptive-policy needs the adaptive speculation hooks of SGLang 0.5.15 to 0.5.18, "
                                       "which this release's series does not have.")
         args = server_args_cls.from_cli_args(raw_args)
         validate(args)
