@@ -168,6 +168,31 @@ def test_report_end_to_end_on_a_window_with_one_field_broken(which, data, value,
     _report_end_to_end(_broken(base, data.draw(st.sampled_from(paths)), value, delete), tmp_path)
 
 
+def test_a_gpu_time_below_zero_gets_no_advice_and_strict_json(tmp_path):
+    """Found by the test above: a phase's mean of -15 ms made the advisor divide by a cycle of
+    no time (NaN in its bounds, which strict JSON refuses). A damaged bucket gets no advice,
+    and a step count whose predicted cycle takes no time is left out."""
+    from sglang_specprof import advisor, report
+
+    key = next(iter(WINDOW["buckets"]))
+    phase = next(iter(WINDOW["buckets"][key]["phases"]))
+    obj = _broken(WINDOW, ("buckets", key, "phases", phase, "gpu_ms", "mean"), -15, False)
+    _report_end_to_end(obj, tmp_path)
+    path = tmp_path / "p.jsonl"
+    path.write_text(json.dumps(obj) + "\n")
+    windows, _ = report.load(str(path))
+    assert key not in report.advise(report.summarize(windows))
+    path.write_text(json.dumps(WINDOW) + "\n")  # the same window whole: advised
+    assert key in report.advise(report.summarize(report.load(str(path))[0]))
+    zero = advisor.Inputs(steps=3, batch=1.0, phases={"draft": 1.0}, between_ms=0.0, wall_ms=None,
+                          step_ms=[0.5, 0.5, 0.5], per_position=[0.8, 0.6, 0.4])
+    adv = advisor.predict(zero)  # at 1 step the draft's 1 ms less 2 steps of 0.5: no time left
+    assert adv is not None and 1 not in [r["steps"] for r in adv["rows"]] and 3 in [r["steps"] for r in adv["rows"]]
+    json.dumps(adv, allow_nan=False)
+    assert advisor.predict(advisor.Inputs(steps=3, batch=1.0, phases={}, between_ms=0.0, wall_ms=None, step_ms=[],
+                                          per_position=[0.8])) is None
+
+
 @pytest.mark.parametrize("text, says", [
     ('{"schema": "sglang-specprof/2", "seconds": NaN}', "holds NaN"),
     ('{"schema": "sglang-specprof/2", "seconds": Infinity}', "holds Infinity"),

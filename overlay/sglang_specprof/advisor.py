@@ -93,7 +93,10 @@ def cycle_ms(inp: Inputs, k: int, per_token: float) -> float:
     return fixed + draft + verify + extend
 
 
-def predict(inp: Inputs, ks=range(1, 9)) -> dict:
+def predict(inp: Inputs, ks=range(1, 9)) -> dict | None:
+    """tokens/s at each step count in `ks`, with bounds; a step count whose predicted cycle
+    takes no GPU time is left out (no time measured to predict from), and with none left,
+    None."""
     K = inp.steps
     g = inp.verify_growth()
     model_K = cycle_ms(inp, K, g.per_token)
@@ -103,9 +106,11 @@ def predict(inp: Inputs, ks=range(1, 9)) -> dict:
         central_t = cycle_ms(inp, k, g.per_token) * scale
         ends = (cycle_ms(inp, k, g.low) * scale, cycle_ms(inp, k, g.high) * scale)
         t_lo, t_hi = min(ends), max(ends)
+        if not (central_t > 0 and t_lo > 0):
+            continue
         e_c = expected_tokens(_acceptance(inp, k, low=False), k)
         e_lo = expected_tokens(_acceptance(inp, k, low=True), k)
-        tok = lambda e, t: inp.batch * e / (t / 1000.0) if t > 0 else float("nan")  # noqa: E731
+        tok = lambda e, t: inp.batch * e / (t / 1000.0)  # noqa: E731
         rows.append({
             "steps": k, "draft_tokens": k + 1,
             "expected_tokens": round(e_c, 4),
@@ -115,6 +120,8 @@ def predict(inp: Inputs, ks=range(1, 9)) -> dict:
             "high": round(tok(e_c, t_lo), 2),
             "extrapolated": k > K,
         })
+    if not rows:
+        return None
     best = max(rows, key=lambda r: r["tokens_per_s"])
     here = next((r for r in rows if r["steps"] == K), None)
     gain = (best["tokens_per_s"] / here["tokens_per_s"] - 1) if here and here["tokens_per_s"] else None
@@ -133,6 +140,11 @@ def inputs_from_bucket(bucket: dict, steps: int, growth: Growth | None = None) -
     """Advisor inputs from one (merged) bucket of a profile; None if it has no decode cycles."""
     if not bucket.get("cycles"):
         return None
+    times = [p["gpu_ms"]["mean"] for p in bucket["phases"].values()] + [
+        bucket["between_cycles_gpu_ms"]["mean"], bucket["cycle_wall_ms"]["mean"]] + [
+        s["mean"] for s in bucket["draft_steps_gpu_ms"]]
+    if any(t is not None and not t >= 0 for t in times):
+        return None  # a GPU time below zero (a damaged profile): nothing to predict from
     acc = bucket["accept"]
     batch = acc["verified_requests"] / max(bucket["cycles"], 1) if acc.get("verified_requests") else 1.0
     phases = {n: p["gpu_ms"]["mean"] for n, p in bucket["phases"].items() if p["gpu_ms"]["mean"] is not None}
@@ -163,8 +175,9 @@ def window_advice(summary: dict) -> dict:
             if not at:
                 continue
             inp = inputs_from_bucket(b, at)
-            if inp is not None:
-                out[key] = predict(inp)
+            adv = predict(inp) if inp is not None else None
+            if adv is not None:
+                out[key] = adv
         except Exception:
             pass
     return out

@@ -414,7 +414,9 @@ def advise(summary: dict) -> dict:
             continue
         if topk and topk > 1:
             inp.notes.append(f"profiled with topk {topk}; the advice is for topk 1")
-        out[key] = advisor.predict(inp)
+        adv = advisor.predict(inp)
+        if adv is not None:
+            out[key] = adv
     return out
 
 

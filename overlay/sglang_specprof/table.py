@@ -121,6 +121,8 @@ def _advice_line(bucket: dict, cfg: dict, adv: dict | None = None) -> str | None
             if inp is None:
                 return None
             adv = predict(inp)
+            if adv is None:
+                return None
         best = next(r for r in adv["rows"] if r["steps"] == adv["best"])
         if adv["best"] == steps:
             return f"    advisor: --speculative-num-steps {steps} is the best predicted"
