@@ -361,7 +361,7 @@ class CostPolicy:
             t.probing = None
         at = t.at_batch()
         rates = {c: t.rate(c, at=at) for c in t.candidates}
-        bs = t.periods[cur].mean_bs() or t.key
+        bs = at[0] or t.key  # the batch the candidates are compared at
         t.last = {c: (None if r is None else round(r * bs * 1000.0, 1), how) for c, (r, how) in rates.items()}
         here = rates[cur][0]
         if here is None:
