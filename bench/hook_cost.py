@@ -21,6 +21,7 @@ alternating order: the same host, caches and clocks for both, and a paired diffe
 `--against-gil` does the same with this tree's profiler on records that hold the GIL.
 """
 import argparse
+import hashlib
 import importlib
 import importlib.util
 import json
@@ -136,11 +137,24 @@ def gpu_wait(seconds):
     """What the scheduler's thread does while the GPU works: spin in C with the GIL released
     (hashing 64 KB at a time releases it), as a blocking CUDA synchronisation does; a sleep
     would let the CPU cool and slow every later instruction."""
-    import hashlib
-
     end = time.perf_counter() + seconds
     while time.perf_counter() < end:
         hashlib.sha256(_BUF).digest()
+
+
+def sleep_cycles_per_s():
+    """`torch.cuda._sleep`'s cycles a second, measured after a first launch (which loads the
+    kernel: timed with it, a wait came out a tenth of what was asked)."""
+    import torch
+
+    torch.cuda._sleep(1000)
+    torch.cuda.synchronize()
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    torch.cuda._sleep(10 ** 7)
+    stop.record()
+    stop.synchronize()
+    return 10 ** 7 / (start.elapsed_time(stop) / 1000.0)
 
 
 def cuda_wait_fn():
@@ -148,12 +162,7 @@ def cuda_wait_fn():
     then a synchronisation (which releases the GIL, and in which the driver polls)."""
     import torch
 
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    torch.cuda._sleep(10 ** 6)
-    stop.record()
-    stop.synchronize()
-    per_s = 10 ** 6 / (start.elapsed_time(stop) / 1000.0)  # sleep cycles a second
+    per_s = sleep_cycles_per_s()
 
     def wait(seconds):
         torch.cuda._sleep(int(seconds * per_s))
@@ -162,17 +171,63 @@ def cuda_wait_fn():
     return wait
 
 
-def run(p, cycles, sync, bs=8, buckets=1, wait_s=0.0, ctx=None, wait=gpu_wait, launch=None):
+class OverlapWait:
+    """v2 with the overlap on, as the scheduler runs it: each cycle's GPU work (a kernel of the
+    wait's length) is launched inside the cycle, after `begin`, and after `end` the host waits
+    for the cycle before it (an event after its `end`), so host and GPU work at once and the
+    host waits only for what the GPU has left. A cycle's wall time is then the longer of the
+    two, and what the hooks add to it is what they put on the critical path: with a short
+    kernel the host is the bottleneck, with a long one the GPU."""
+
+    def __init__(self):
+        import torch
+
+        self.torch = torch
+        self.per_s = sleep_cycles_per_s()
+        self.events = [torch.cuda.Event(), torch.cuda.Event()]
+        self.i = 0
+        self.prev = None
+        self.cycles = 0
+
+    def launch(self, seconds):
+        self.torch.cuda._sleep(int(seconds * self.per_s))
+
+    def __call__(self, seconds):
+        ev = self.events[self.i]
+        self.i ^= 1
+        ev.record()
+        prev, self.prev = self.prev, ev
+        if prev is not None:
+            prev.synchronize()
+
+
+_OP_BUF = bytes(4096)
+
+
+def upstream_op():
+    """One of the scheduler's own calls that gives the GIL up for a moment, as each torch
+    operation and kernel launch does (hashing 4 KB releases it: about 3 us)."""
+    hashlib.sha256(_OP_BUF).digest()
+
+
+def run(p, cycles, sync, bs=8, buckets=1, wait_s=0.0, ctx=None, wait=gpu_wait, launch=None, walls=None,
+        late=None, ops=0):
     """Microseconds inside the hooks for each cycle (the wait for the GPU not counted).
     `ctx(n)`: what `begin` is given as the batch's sequence lengths (default the number 8000).
     `launch`: a list that takes each cycle's share before the wait (begin, the marks, end: in
-    the v2 scheduler that runs while the GPU works on the cycle before, the rest after it)."""
+    the v2 scheduler that runs while the GPU works on the cycle before, the rest after it).
+    `walls`: takes each cycle's whole wall time (hooks, `ops`, the wait); `late`: how much
+    longer than asked each wait took (the GIL taken back from a helper thread is in it).
+    `ops`: calls of `upstream_op` after each mark, as upstream's work between two hooks.
+    A `wait` with a `launch` (OverlapWait) has each cycle's GPU work launched after `begin`."""
+    gpu = getattr(wait, "launch", None)
     reqs = {n: [Req() for _ in range(n)] for n in BUCKET_BS}
     lens = {n: 8000 if ctx is None else ctx(n) for n in BUCKET_BS}
     sizes = [bs] if buckets <= 1 else BUCKET_BS[:buckets]
     clock = time.perf_counter
     out = []
     sync()
+    w0 = clock()
     for i in range(cycles):
         n = sizes[i % len(sizes)]
         rs = reqs[n]
@@ -180,14 +235,35 @@ def run(p, cycles, sync, bs=8, buckets=1, wait_s=0.0, ctx=None, wait=gpu_wait, l
         runs = (0, 0, 0)  # each request's verified run: its 2 correct drafts and the bonus
         t = clock()
         p.begin("decode", n, lens[n])
-        for m in MARKS:
-            p.mark(m)
-        p.end()
-        spent = clock() - t
+        if gpu is not None:  # the cycle's GPU work (not timed: upstream's launch)
+            spent = clock() - t
+            gpu(wait_s)
+            t = clock()
+        else:
+            spent = 0.0
+        if ops:
+            spent += clock() - t
+            for m in MARKS:
+                for _ in range(ops):
+                    upstream_op()
+                t = clock()
+                p.mark(m)
+                spent += clock() - t
+            t = clock()
+            p.end()
+            spent += clock() - t
+        else:
+            for m in MARKS:
+                p.mark(m)
+            p.end()
+            spent += clock() - t
         if launch is not None:
             launch.append(spent * 1e6)
         if wait_s:  # v2: after launching a cycle the scheduler waits for the one before
+            t = clock()
             wait(wait_s)
+            if late is not None:
+                late.append((clock() - t - wait_s) * 1e6)
         t = clock()
         p.harvest(correct)
         p.commit_begin(rs)
@@ -196,7 +272,11 @@ def run(p, cycles, sync, bs=8, buckets=1, wait_s=0.0, ctx=None, wait=gpu_wait, l
             r.output_ids.extend(runs)
         t = clock()
         p.commit_end()
-        out.append((spent + clock() - t) * 1e6)
+        t1 = clock()
+        out.append((spent + t1 - t) * 1e6)
+        if walls is not None:
+            walls.append((t1 - w0) * 1e6)
+            w0 = t1
     sync()
     return out
 
@@ -207,12 +287,20 @@ def main():
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--bs", type=int, default=8)
     ap.add_argument("--buckets", type=int, default=1, help="batch-size buckets the cycles cycle through (1-6)")
-    ap.add_argument("--threaded", action="store_true", help="fold and close windows on the helper thread")
+    ap.add_argument("--threaded", action="store_true",
+                    help="read and fold on a reader thread, close windows on the outputs thread (the server before "
+                    "--outputs-thread)")
+    ap.add_argument("--outputs-thread", action="store_true",
+                    help="read and fold at each hand-over on the calling thread, close windows on the outputs thread "
+                    "(the server's: threaded='outputs')")
+    ap.add_argument("--against-reader-thread", action="store_true",
+                    help="in place of --against: this tree with a reader thread (--threaded), interleaved")
     ap.add_argument("--wait-us", type=float, default=0.0,
                     help="between end and harvest, spin this long with the GIL released (the GPU wait), untimed")
-    ap.add_argument("--wait-kind", choices=["spin", "cuda"], default="spin",
-                    help="how --wait-us waits: spin hashing in C with the GIL released (default), or, on a GPU, a "
-                    "kernel of that length and a stream synchronisation, as the scheduler waits")
+    ap.add_argument("--wait-kind", choices=["spin", "cuda", "overlap"], default="spin",
+                    help="how --wait-us waits: spin hashing in C with the GIL released (default); on a GPU, a "
+                    "kernel of that length and a stream synchronisation (cuda); or the v2 overlap: each cycle "
+                    "launches a kernel of that length and then waits for the cycle before (OverlapWait)")
     ap.add_argument("--torch-events", action="store_true", help="torch's events, not cuda.bindings")
     ap.add_argument("--gil-events", action="store_true",
                     help="records through ctypes holding the GIL (gil_events), not cuda.bindings")
@@ -225,17 +313,25 @@ def main():
     ap.add_argument("--against", metavar="DIR", help="another tree's sglang/specprof under DIR, timed interleaved")
     ap.add_argument("--against-gil", action="store_true",
                     help="in place of --against: this tree with records that hold the GIL (gil_events), interleaved")
+    ap.add_argument("--ops", type=int, default=0, metavar="N",
+                    help="after each mark, N calls that give the GIL up for a moment (upstream_op: about 3 us each), "
+                    "as the scheduler's torch calls between two hooks do; a helper thread can take the GIL there")
     ap.add_argument("--cpu", action="store_true",
                     help="no GPU: events that cost nothing, so only the profiler's Python is timed")
     a = ap.parse_args()
     logging.basicConfig(level=logging.INFO, handlers=[logging.NullHandler()])
     config = {"algorithm": "EAGLE3", "num_steps": 3, "topk": 1, "draft_tokens": 4, "worker": "v2"}
-    trees = {"on": (Profiler, None)}
+    mode = "outputs" if a.outputs_thread else a.threaded
+    trees = {"on": (Profiler, None, config, mode)}
     if a.against:
-        trees["against"] = (load_tree(a.against).Profiler, "specprof_against.cuda_backend")
+        trees["against"] = (load_tree(a.against).Profiler, "specprof_against.cuda_backend", config, mode)
     elif a.against_gil:
-        trees["against"] = (Profiler, "gil")
+        trees["against"] = (Profiler, "gil", config, mode)
         a.against = "GilEvents"
+    elif a.against_reader_thread:
+        trees["against"] = (Profiler, None, config, True)
+        a.against = "reader thread"
+
     if a.cpu:
         import platform
 
@@ -258,16 +354,16 @@ def main():
             if a.gil_events:
                 return gil_events(mod)
             return mod.TorchEvents() if a.torch_events else mod.CudaBackend()
-    profs = {name: cls(make_backend(mod), interval=100, config=config, threaded=a.threaded,
-                       phases_every=a.phases_every) for name, (cls, mod) in trees.items()}
+    profs = {name: cls(make_backend(mod), interval=100, config=cfg, threaded=md,
+                       phases_every=a.phases_every) for name, (cls, mod, cfg, md) in trees.items()}
     backend = make_backend(None)
     off = NullProfiler()
     ctx = a.ctx or ("number" if a.cpu else "tensor")
-    kw = dict(bs=a.bs, buckets=a.buckets, wait_s=a.wait_us / 1e6)
-    if a.wait_kind == "cuda":
+    kw = dict(bs=a.bs, buckets=a.buckets, wait_s=a.wait_us / 1e6, ops=a.ops)
+    if a.wait_kind in ("cuda", "overlap"):
         if a.cpu:
-            ap.error("--wait-kind cuda needs a GPU (not --cpu)")
-        kw["wait"] = cuda_wait_fn()
+            ap.error(f"--wait-kind {a.wait_kind} needs a GPU (not --cpu)")
+        kw["wait"] = cuda_wait_fn() if a.wait_kind == "cuda" else OverlapWait()
     if ctx == "tensor":
         import torch
 
@@ -279,17 +375,22 @@ def main():
     tails = {k: [] for k in names}
     mids = {k: [] for k in names}  # each rep's median cycle: the hooks without the rare long ones
     before = {k: [] for k in names}  # each rep's mean share before the GPU wait
+    walls = {k: [] for k in names}  # each rep's mean wall time a cycle: hooks, upstream's ops, the wait
+    lates = {k: [] for k in names}  # each rep's mean overrun of the wait (the GIL taken back in it)
     for rep in range(a.reps):  # interleaved; with --against, the two trees in alternating order
         order = names if rep % 2 == 0 else ["off", *reversed(list(profs))]
         for name in order:
             p = off if name == "off" else profs[name]
-            pre = []
-            us = run(p, a.cycles, sync, launch=pre, **kw)
+            pre, wall, late = [], [], []
+            us = run(p, a.cycles, sync, launch=pre, walls=wall, late=late, **kw)
             res[name].append(statistics.fmean(us))
+            walls[name].append(statistics.fmean(wall))
+            if late:
+                lates[name].append(statistics.fmean(late))
             before[name].append(statistics.fmean(pre))
             tails[name].append((sorted(us)[int(0.99 * len(us))], max(us)))
             mids[name].append(statistics.median(us))
-            if a.threaded and name != "off":
+            if name != "off":
                 p.flush()
     for p in profs.values():
         p.flush()
@@ -310,12 +411,18 @@ def main():
         out["against_p99_us"] = round(statistics.median(t[0] for t in tails["against"]), 2)
         diff = [x - y for x, y in zip(res["on"], res["against"])]  # paired, rep by rep
         out["on_minus_against_us"] = {"median": round(statistics.median(diff), 2), "reps": [round(d, 2) for d in diff]}
+    # the whole cycle, on against off rep by rep: what the hooks add with whatever a helper
+    # thread takes from the scheduler's thread meanwhile (at the wait's end, at upstream's ops)
+    out["wall_added_us"] = {k: round(statistics.median(x - y for x, y in zip(walls[k], walls["off"])), 2)
+                            for k in profs}
+    if a.wait_us:
+        out["wait_late_us"] = {k: round(statistics.median(v), 2) for k, v in lates.items()}
     out["median_cycle_us"] = {k: round(statistics.median(v), 2) for k, v in mids.items()}
     # of the mean, what came before the GPU wait (begin, marks, end) and after (harvest, commit)
     out["before_wait_us"] = {k: round(statistics.median(v), 2) for k, v in before.items()}
     out["runs_us"] = {k: [round(x, 2) for x in v] for k, v in res.items()}
-    out.update(device=device or "cpu", events=getattr(backend, "kind", "none"), threaded=a.threaded, wait_us=a.wait_us,
-               wait_kind=a.wait_kind, buckets=a.buckets, bs=a.bs, phases_every=a.phases_every, ctx=ctx)
+    out.update(device=device or "cpu", events=getattr(backend, "kind", "none"), threaded=mode, wait_us=a.wait_us,
+               wait_kind=a.wait_kind, buckets=a.buckets, bs=a.bs, phases_every=a.phases_every, ctx=ctx, ops=a.ops)
     print(json.dumps(out))
 
 

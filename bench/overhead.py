@@ -23,7 +23,9 @@ well the runs pin it down).
 SGLANG_SPECPROF_PAUSE_SIGNAL=SIGUSR2, and each round runs the load once with the profiler
 on and once paused (the hooks on the null profiler, as with the flag off), alternating which
 goes first, so that what differs between two server processes (which CPUs, which memory)
-falls out of the ratio.
+falls out of the ratio. With `--upstream-path` as well, unpatched SGLang's server takes a
+turn in each round (the three in rotating order): off (paused) against upstream says the
+paused hooks are upstream's speed.
 
 Needs an NVIDIA GPU, the built wheel importable, and (for `upstream`) a folder whose
 `sglang` is the unpatched release, first on PYTHONPATH for that server only.
@@ -44,7 +46,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpu_models import write_models  # noqa: E402
 from serving import (eagle3_args, installed_sglang, http, interleaved_runs, load, machine, median_ci,  # noqa: E402
-                     out_of_time, portable_command, quartiles, start_all, stop_all, tok_s)
+                     out_of_time, portable_command, quartiles, rotations, start_all, stop_all, tok_s)
 
 PAUSE_SIGNAL = "SIGUSR2"
 
@@ -61,8 +63,10 @@ def scheduler_pids(log_path, timeout=30.0):
     raise SystemExit(f"no scheduler follows {PAUSE_SIGNAL} (see {log_path})")
 
 
-def paused_runs(port, pids, concurrency, new_tokens, rounds, budget=None):
-    """Tokens/s of one server with its profiler on and paused, alternating which runs first."""
+def paused_runs(port, pids, concurrency, new_tokens, rounds, budget=None, upstream=None):
+    """Tokens/s of one server with its profiler on and paused, alternating which runs first;
+    with `upstream` (a port), unpatched SGLang's server takes its turn in each round too, the
+    three in rotating order, so that off (paused) is also compared with upstream."""
     state = {"on": True}
 
     def profiling():
@@ -82,13 +86,21 @@ def paused_runs(port, pids, concurrency, new_tokens, rounds, budget=None):
     t0 = time.time()
     load(port, concurrency, 64)
     runs = {"on": [], "off": []}
-    for r in range(rounds):
+    names = ["on", "off"]
+    if upstream is not None:
+        load(upstream, concurrency, 64)
+        runs["upstream"] = []
+        names.append("upstream")
+    for r, order in rotations(dict.fromkeys(names), rounds):
         if out_of_time(t0, r, budget, concurrency):
             break
-        for n in (("on", "off") if r % 2 == 0 else ("off", "on")):
+        for n in order:
+            if n == "upstream":
+                runs[n].append(tok_s(upstream, concurrency, new_tokens))
+                continue
             set_on(n == "on")
             runs[n].append(tok_s(port, concurrency, new_tokens))
-        print(f"c={concurrency} round {r}: on {runs['on'][-1]:.1f}  off (paused) {runs['off'][-1]:.1f}", flush=True)
+        print(f"c={concurrency} round {r}: " + "  ".join(f"{n} {runs[n][-1]:.1f}" for n in names), flush=True)
     set_on(True)
     return runs
 
@@ -175,7 +187,7 @@ def main():
     plan = {"off": (off, env), "on": (common + prof + shlex.split(a.on_extra), env)}
     if a.same_process:
         plan = {"on": (plan["on"][0], dict(env, SGLANG_SPECPROF_PAUSE_SIGNAL=PAUSE_SIGNAL))}
-    elif a.upstream_path:
+    if a.upstream_path:
         up_env = dict(env, PYTHONPATH=a.upstream_path + os.pathsep + env.get("PYTHONPATH", ""))
         plan["upstream"] = (common, up_env)
     if a.check:
@@ -190,7 +202,8 @@ def main():
             budget = (t0 + a.max_seconds - time.time()) / (len(a.concurrency) - ci) if a.max_seconds else None
             if a.same_process:
                 pids = scheduler_pids(servers["on"].log_path)
-                runs = paused_runs(servers["on"].port, pids, c, a.new_tokens, a.rounds, budget)
+                runs = paused_runs(servers["on"].port, pids, c, a.new_tokens, a.rounds, budget,
+                                   upstream=servers["upstream"].port if "upstream" in servers else None)
             else:
                 runs = interleaved_runs({n: servers[n].port for n in compared}, c, a.new_tokens, a.rounds, budget)
             ratios = [on / off for on, off in zip(runs["on"], runs["off"])]

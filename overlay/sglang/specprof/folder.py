@@ -12,8 +12,12 @@ does not take the GIL while the scheduler has work of its own. The reader works 
 when it falls behind (few free slots left) or when nothing opened the gate for IDLE_S (an
 idle server), and both give the GIL back between steps (`time.sleep(0)`).
 
-Inline (`threaded=False`, the tests' default) runs everything at once on the caller's
-thread, with the same code.
+`threaded="outputs"` (the server's) reads and folds on the scheduler's thread, at each
+hand-over, and leaves only the closed windows (their summaries, the sinks) to the outputs
+thread: a reader thread takes the GIL wherever the scheduler's thread lets it go (each torch
+call does), and where the host is the bottleneck those hand-overs cost the scheduler more than
+the reading itself (bench/hook_cost.py, docs/benchmarks.md). Inline (`threaded=False`, the
+tests' default) runs everything at once on the caller's thread, with the same code.
 """
 
 from __future__ import annotations
@@ -83,7 +87,8 @@ class Folder:
         self.on_error = on_error  # called with an exception the reading or folding raised
         self.observer = None  # told of each cycle read and each list settled (the cost policy), on this thread
         self.dropped_batches = 0  # windows whose outputs were dropped: the outputs were stuck
-        self.threaded = threaded
+        self.threaded = bool(threaded)  # helper threads: the outputs one at least
+        self.reading_thread = threaded is True  # and a reader thread (else this thread reads at each hand-over)
         self.gate = Gate()
         self._items: deque = deque()  # handed over, not yet folded
         self._urgent = 0  # flushes waiting: work regardless of the gate
@@ -94,8 +99,9 @@ class Folder:
         self._out: queue.Queue | None = None
         if threaded:
             self._out = queue.Queue()
-            self._thread = threading.Thread(target=self._run, name="specprof-reader", daemon=True)
-            self._thread.start()
+            if self.reading_thread:
+                self._thread = threading.Thread(target=self._run, name="specprof-reader", daemon=True)
+                self._thread.start()
             self._out_thread = threading.Thread(target=self._run_outputs, name="specprof-outputs", daemon=True)
             self._out_thread.start()
 
@@ -103,7 +109,7 @@ class Folder:
         """A batch of ("slot", slot) / ("accept", correct, committed, skipped) / ("lost", kind)
         / ("close", extra fields) / ("kernels", a kernel sample) items, in order."""
         self._items.extend(items)
-        if not self.threaded:
+        if not self.reading_thread:
             self._fold(yield_gil=False)
         elif not self._wake.is_set():
             self._wake.set()
@@ -111,15 +117,19 @@ class Folder:
     def flush(self, timeout: float = 10.0, outputs: bool = True) -> bool:
         """Wait until every submitted item whose events completed is folded and (`outputs`)
         every closed window's outputs ran (tests, /server_info, shutdown). True when they were."""
-        if not self.threaded:
+        if not self.reading_thread:
             self._fold(yield_gil=False)
-            return True
+            if not (outputs and self.threaded):
+                return True
         done = threading.Event()
         self._urgent += 1
         try:
-            self._items.append(("flush", done, outputs))
-            self._wake.set()
-            self.gate.open()
+            if self.reading_thread:
+                self._items.append(("flush", done, outputs))
+                self._wake.set()
+                self.gate.open()
+            else:  # set once the outputs before it ran
+                self._out.put(done)
             return done.wait(timeout)
         finally:
             self._urgent -= 1
@@ -230,21 +240,28 @@ class Folder:
             return False
 
     def _close(self, extra: dict) -> None:
-        summary = self.window.summary(self.num_steps, self.pause)
+        """The open window closes: the fields counted up to here join it, and its summary is
+        made where the outputs run (the outputs thread: a window is not touched after its
+        close, the folding goes on into the next one)."""
         self.reader.close_fields(extra)
-        summary.update(extra)
-        summary["backlog_dropped"] = self.dropped_batches
-        self.window = Window(self.window.index + 1)
+        extra["backlog_dropped"] = self.dropped_batches
+        closed = self.window
+        self.window = Window(closed.index + 1)
         for c, end in self.early:
             self.window.add_cycle(c, end)
         self.early.clear()
         if self._out is None:
             if self.on_close is not None:
-                self.on_close(summary)
+                self.on_close(self._summary(closed, extra))
         elif self._out.qsize() >= BACKLOG:  # the outputs are stuck (a blocked file): never grow
             self.dropped_batches += 1
         else:
-            self._out.put(summary)
+            self._out.put((closed, extra))
+
+    def _summary(self, window, extra: dict) -> dict:
+        summary = window.summary(self.num_steps, self.pause)
+        summary.update(extra)
+        return summary
 
     def _pause_turn(self) -> None:
         """Inside a long step on a helper (a kernel sample's events): the GIL goes back, and
@@ -256,13 +273,14 @@ class Folder:
     # -- the outputs thread -----------------------------------------------------------
     def _run_outputs(self):
         while True:
-            summary = self._out.get()
-            if isinstance(summary, threading.Event):
-                summary.set()
+            item = self._out.get()
+            if isinstance(item, threading.Event):
+                item.set()
                 continue
             if not self._urgent:
                 self.gate.wait()
             try:
+                summary = self._summary(*item)
                 if self.on_close is not None:
                     self.on_close(summary)
             except Exception as e:

@@ -82,9 +82,10 @@ class DraftGraphs:
 
     def _read(self, s):
         evs = self.step_events[s.steps_key]
-        b = self.backend
-        if b.query_captured(evs[-1]):
-            s.steps_ms = [b.elapsed_captured(x, y) for x, y in zip(evs, evs[1:])]
+        b = self.backend  # the calls that keep the GIL, where the backend has them (cuda_backend.py)
+        el = getattr(b, "elapsed_captured_held", None) or b.elapsed_captured
+        if (getattr(b, "query_captured_held", None) or b.query_captured)(evs[-1]):
+            s.steps_ms = [el(x, y) for x, y in zip(evs, evs[1:])]
         else:
             s.steps_ms = []
             self.lost += 1

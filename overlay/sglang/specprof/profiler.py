@@ -35,9 +35,13 @@ from .sinks import Advice, LogTableSink, Outputs, RankSpreadSink
 logger = logging.getLogger("sglang.specprof")
 
 MAX_MARKS = 64  # phase marks a cycle may hold (a cycle records about 12); beyond, counted as lost
-POOL = 64  # cycles in flight at most; beyond that the oldest is dropped and counted
+POOL = 256  # cycles in flight at most; beyond that the oldest is dropped and counted
 BEHIND = POOL // 4  # free slots below which the scheduler's thread reads cycles itself
-HAND_OVER = 16  # items held on the scheduler's thread before they go to the reader (about 8 cycles)
+# items held on the scheduler's thread before they go to the reader: about 64 cycles (each
+# hand-over wakes the reader, which then wants the GIL), 8 under the cost policy (its figures
+# come from the cycles read)
+HAND_OVER = 128
+HAND_OVER_POLICY = 16
 SWITCHES_KEPT = 256  # step-count changes a window keeps (--speculative-adaptive); beyond, counted
 
 
@@ -84,6 +88,7 @@ class Profiler(GraphHooks, AcceptHooks, NullProfiler):
         self.open_at_end = self.config.get("worker") != "v1"
         self.gate_open_mark = None if self.open_at_end else "verify"
         self.gate_shut_mark = None if self.open_at_end else "accept"
+        self.hand_over = HAND_OVER_POLICY if self.config.get("adaptive") else HAND_OVER
         self.items: list = []
         self.window_index = 0  # windows handed to the folder to close
         self.window_decode = 0  # decode cycles settled into the open window
@@ -182,7 +187,7 @@ class Profiler(GraphHooks, AcceptHooks, NullProfiler):
             free = self.free
             if len(free) < BEHIND:  # the reader got no turn (or events do not complete)
                 self._hand_over()
-                if self.folder.threaded:
+                if self.folder.reading_thread:
                     self.folder.help()
                 if not free:  # every slot waits for its events: this cycle is not timed
                     self.dropped += 1
@@ -257,7 +262,7 @@ class Profiler(GraphHooks, AcceptHooks, NullProfiler):
                 return
         items = self.items
         items.append(("slot", s))
-        if len(items) >= HAND_OVER:
+        if len(items) >= self.hand_over:
             self._hand_over()
         if self.open_at_end:  # Gate.open, inline
             g = self.gate
@@ -330,7 +335,7 @@ class Profiler(GraphHooks, AcceptHooks, NullProfiler):
     def window(self):
         """The open window (inline: with every item held; threaded: up to the last batch
         folded, see `flush`)."""
-        if not self.folder.threaded:
+        if not self.folder.reading_thread:
             self._hand_over()
         return self.folder.window
 

@@ -64,6 +64,9 @@ class Reader:
 
     def __init__(self, backend, free: deque, graphs, behind, pool: int = 64):
         self.backend = backend
+        # the reads keep the GIL where the backend can (cuda_backend.DriverEvents._hold_gil)
+        self.query_held = getattr(backend, "query_held", None)
+        self.elapsed_held = getattr(backend, "elapsed_held", None)
         self.free = free  # the profiler's pool: read slots go back there
         self.graphs = graphs
         self.behind = behind  # () -> True when few free slots are left
@@ -100,7 +103,13 @@ class Reader:
         self.free.append(s)
 
     def slot_ready(self, s) -> bool:
-        return self.backend.query(s.events[s.n - 1])
+        return self.done(s.events[s.n - 1])
+
+    def done(self, event) -> bool:
+        """Has the GPU passed `event` (a cycle's last, or the one the scheduler's thread waits
+        for: Gate.until)?"""
+        q = self.query_held
+        return q(event) if q is not None else self.backend.query(event)
 
     def slot_stuck(self) -> bool:
         """No free slot and the oldest cycle still incomplete: its events will not complete
@@ -157,7 +166,7 @@ class Reader:
 
     def slot_read(self, s, window):
         """A completed cycle's events: (Cycle, host time of its last mark) for the window."""
-        el = self.backend.elapsed
+        el = self.elapsed_held or self.backend.elapsed
         ev = s.events
         phases = []
         offsets = []  # host start of each phase, from the cycle's first mark
