@@ -116,3 +116,23 @@ def test_hook_cost_pairs_another_tree_in_one_process(tmp_path):
     bad = subprocess.run([sys.executable, str(ROOT / "bench" / "hook_cost.py"), "--cpu", "--against", str(tmp_path)],
                          env=env, capture_output=True, text=True, timeout=60)
     assert bad.returncode != 0 and "no sglang/specprof/profiler.py there" in bad.stderr
+
+
+def test_hook_cost_times_the_servers_way_against_a_reader_thread():
+    """`--outputs-thread` (the server's: reading on the scheduler's thread) against the same
+    tree with a reader thread, with upstream's GIL-releasing ops between the marks: each
+    cycle's whole wall time is timed too, and the reader thread's profiler read every cycle."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "overlay"))
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "hook_cost.py"), "--cpu", "--cycles", "200",
+                           "--reps", "2", "--outputs-thread", "--against-reader-thread", "--ops", "1",
+                           "--wait-us", "200"], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert r["threaded"] == "outputs" and r["ops"] == 1 and r["against_dir"] == "reader thread"
+    assert r["cycles_read"] == r["cycles_run"] == 500 + 2 * 200 and r["against_cycles_untimed"] == 0
+    assert set(r["wall_added_us"]) == {"on", "against"} and set(r["wait_late_us"]) == {"off", "on", "against"}
+    # a cycle's wall time holds the hooks and the 200 us wait: the wait's overrun is small beside it
+    assert all(v > -200 for v in r["wait_late_us"].values())
+    bad = subprocess.run([sys.executable, str(ROOT / "bench" / "hook_cost.py"), "--cpu", "--wait-kind", "overlap",
+                          "--wait-us", "100"], env=env, capture_output=True, text=True, timeout=60)
+    assert bad.returncode != 0 and "--wait-kind overlap needs a GPU" in bad.stderr
