@@ -84,6 +84,14 @@ def _resolved(server_args):
         return server_args
 
 
+# Where the events are read: v2 on the scheduler's thread, once a cycle ("outputs": only the
+# closed windows go to a helper), since its wait for the GPU is short or none when the host is
+# the bottleneck and a reader thread then takes the GIL from the scheduler at every torch call
+# (bench/hook_cost.py --wait-kind overlap); v1 on a reader thread, which works inside the
+# verify's wait for its result, a whole forward long, and is idle again when it ends.
+READING = {"v1": True, "v2": "outputs"}
+
+
 def install(server_args, tp_rank: int = 0, worker: str = "v2") -> None:
     global P
     if not getattr(server_args, "speculative_profile", False):
@@ -134,7 +142,7 @@ def install(server_args, tp_rank: int = 0, worker: str = "v2") -> None:
         backend = CudaBackend()
         config["events"] = backend.kind  # "cuda.bindings", or "torch" without it
         P = Profiler(backend, interval=server_args.speculative_profile_interval, sink=sinks,
-                     config=config, rank=tp_rank, log_table=(tp_rank == 0), exchange=exchange, threaded="outputs", on_error=disable,
+                     config=config, rank=tp_rank, log_table=(tp_rank == 0), exchange=exchange, threaded=READING[worker], on_error=disable,
                      phases_every=config["phases_every"], advice=advice)
         P.follow_gc()
         _follow_pause_signal()
