@@ -381,12 +381,16 @@ class Window:
         self.samples: deque = deque(maxlen=CYCLE_SAMPLES)
         self.slowest: Cycle | None = None  # the decode cycle with the longest phases, kept whole
         self._slowest_ms = -1.0
+        self._by: dict = {}  # (bs, steps) -> its bucket: each cycle and list looks its bucket up once
 
     def bucket(self, bs: int, steps: int | None = None) -> Bucket:
-        key = bucket_key(bs, steps)
-        b = self.buckets.get(key)
+        b = self._by.get((bs, steps))
         if b is None:
-            b = self.buckets[key] = Bucket()
+            key = bucket_key(bs, steps)
+            b = self.buckets.get(key)
+            if b is None:
+                b = self.buckets[key] = Bucket()
+            self._by[(bs, steps)] = b
         return b
 
     def add_cycle(self, c: Cycle, end_host_s: float | None = None) -> None:
