@@ -142,7 +142,8 @@ def install(server_args, tp_rank: int = 0, worker: str = "v2") -> None:
         backend = CudaBackend()
         config["events"] = backend.kind  # "cuda.bindings", or "torch" without it
         P = Profiler(backend, interval=server_args.speculative_profile_interval, sink=sinks,
-                     config=config, rank=tp_rank, log_table=(tp_rank == 0), exchange=exchange, threaded=READING[worker], on_error=disable,
+                     config=config, rank=tp_rank, log_table=(tp_rank == 0), exchange=exchange,
+                     threaded=READING.get(worker, True), on_error=disable,
                      phases_every=config["phases_every"], advice=advice)
         P.follow_gc()
         _follow_pause_signal()
