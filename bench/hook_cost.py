@@ -187,7 +187,6 @@ class OverlapWait:
         self.events = [torch.cuda.Event(), torch.cuda.Event()]
         self.i = 0
         self.prev = None
-        self.cycles = 0
 
     def launch(self, seconds):
         self.torch.cuda._sleep(int(seconds * self.per_s))
@@ -322,14 +321,14 @@ def main():
     logging.basicConfig(level=logging.INFO, handlers=[logging.NullHandler()])
     config = {"algorithm": "EAGLE3", "num_steps": 3, "topk": 1, "draft_tokens": 4, "worker": "v2"}
     mode = "outputs" if a.outputs_thread else a.threaded
-    trees = {"on": (Profiler, None, config, mode)}
+    trees = {"on": (Profiler, None, mode)}
     if a.against:
-        trees["against"] = (load_tree(a.against).Profiler, "specprof_against.cuda_backend", config, mode)
+        trees["against"] = (load_tree(a.against).Profiler, "specprof_against.cuda_backend", mode)
     elif a.against_gil:
-        trees["against"] = (Profiler, "gil", config, mode)
+        trees["against"] = (Profiler, "gil", mode)
         a.against = "GilEvents"
     elif a.against_reader_thread:
-        trees["against"] = (Profiler, None, config, True)
+        trees["against"] = (Profiler, None, True)
         a.against = "reader thread"
 
     if a.cpu:
@@ -354,8 +353,8 @@ def main():
             if a.gil_events:
                 return gil_events(mod)
             return mod.TorchEvents() if a.torch_events else mod.CudaBackend()
-    profs = {name: cls(make_backend(mod), interval=100, config=cfg, threaded=md,
-                       phases_every=a.phases_every) for name, (cls, mod, cfg, md) in trees.items()}
+    profs = {name: cls(make_backend(mod), interval=100, config=config, threaded=md,
+                       phases_every=a.phases_every) for name, (cls, mod, md) in trees.items()}
     backend = make_backend(None)
     off = NullProfiler()
     ctx = a.ctx or ("number" if a.cpu else "tensor")

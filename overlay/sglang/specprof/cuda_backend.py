@@ -102,10 +102,11 @@ class DriverEvents(TorchEvents):
 
     def _hold_gil(self):
         """`query_held` / `elapsed_held` (and the captured events' too): the driver's calls
-        through ctypes.PyDLL, which keep the GIL. The helper threads read with them, so a read
-        never hands the GIL to the scheduler's thread and takes it back mid-item (cuda.bindings
-        lets it go in every call, and each such hand-over costs the scheduler a thread switch;
-        bench/event_cost.py: 0.8 and 1.6 us a call against 0.5 and 0.2)."""
+        through ctypes.PyDLL, which keep the GIL. The reads use them (on the scheduler's thread,
+        or v1's reader thread), so a read never lets another thread take the GIL and hold it
+        (cuda.bindings lets it go in every call, and on a reader thread each such hand-over
+        costs the scheduler a thread switch; bench/event_cost.py: 0.8 and 1.6 us a call against
+        0.5 and 0.2)."""
         import ctypes
 
         lib = ctypes.PyDLL("libcuda.so.1")

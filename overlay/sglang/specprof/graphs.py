@@ -18,6 +18,9 @@ MAX_STEP_MARKS = 64  # eager draft-step marks a cycle may hold (steps + 1), apar
 class DraftGraphs:
     def __init__(self, backend, clock):
         self.backend = backend
+        # the reads keep the GIL where the backend can (cuda_backend.DriverEvents._hold_gil)
+        self.query_held = getattr(backend, "query_captured_held", None)
+        self.elapsed_held = getattr(backend, "elapsed_captured_held", None)
         self.clock = clock
         self.step_events: dict = {}  # graph key -> [external events recorded during capture]
         self.capturing = None  # the key of the graph being captured
@@ -82,9 +85,9 @@ class DraftGraphs:
 
     def _read(self, s):
         evs = self.step_events[s.steps_key]
-        b = self.backend  # the calls that keep the GIL, where the backend has them (cuda_backend.py)
-        el = getattr(b, "elapsed_captured_held", None) or b.elapsed_captured
-        if (getattr(b, "query_captured_held", None) or b.query_captured)(evs[-1]):
+        b = self.backend
+        el = self.elapsed_held or b.elapsed_captured
+        if (self.query_held or b.query_captured)(evs[-1]):
             s.steps_ms = [el(x, y) for x, y in zip(evs, evs[1:])]
         else:
             s.steps_ms = []

@@ -103,13 +103,9 @@ class Reader:
         self.free.append(s)
 
     def slot_ready(self, s) -> bool:
-        return self.done(s.events[s.n - 1])
-
-    def done(self, event) -> bool:
-        """Has the GPU passed `event` (a cycle's last, or the one the scheduler's thread waits
-        for: Gate.until)?"""
         q = self.query_held
-        return q(event) if q is not None else self.backend.query(event)
+        ev = s.events[s.n - 1]
+        return q(ev) if q is not None else self.backend.query(ev)
 
     def slot_stuck(self) -> bool:
         """No free slot and the oldest cycle still incomplete: its events will not complete
