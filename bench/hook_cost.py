@@ -210,7 +210,7 @@ def upstream_op():
 
 
 def run(p, cycles, sync, bs=8, buckets=1, wait_s=0.0, ctx=None, wait=gpu_wait, launch=None, walls=None,
-        late=None, ops=0):
+        late=None, ops=0, head=None):
     """Microseconds inside the hooks for each cycle (the wait for the GPU not counted).
     `ctx(n)`: what `begin` is given as the batch's sequence lengths (default the number 8000).
     `launch`: a list that takes each cycle's share before the wait (begin, the marks, end: in
@@ -218,7 +218,10 @@ def run(p, cycles, sync, bs=8, buckets=1, wait_s=0.0, ctx=None, wait=gpu_wait, l
     `walls`: takes each cycle's whole wall time (hooks, `ops`, the wait); `late`: how much
     longer than asked each wait took (the GIL taken back from a helper thread is in it).
     `ops`: calls of `upstream_op` after each mark, as upstream's work between two hooks.
-    A `wait` with a `launch` (OverlapWait) has each cycle's GPU work launched after `begin`."""
+    A `wait` with a `launch` (OverlapWait) has each cycle's GPU work launched after `begin`.
+    `head`: takes each cycle's time in `begin` and the first two marks (draft_prep, draft_inputs):
+    the hooks before the draft graph's replay, where 0.5.12's GPU waits for the host (it
+    synchronises at each cycle's start; bench/host_sensitivity.py)."""
     gpu = getattr(wait, "launch", None)
     reqs = {n: [Req() for _ in range(n)] for n in BUCKET_BS}
     lens = {n: 8000 if ctx is None else ctx(n) for n in BUCKET_BS}
@@ -242,20 +245,27 @@ def run(p, cycles, sync, bs=8, buckets=1, wait_s=0.0, ctx=None, wait=gpu_wait, l
             spent = 0.0
         if ops:
             spent += clock() - t
-            for m in MARKS:
+            for j, m in enumerate(MARKS):
                 for _ in range(ops):
                     upstream_op()
                 t = clock()
                 p.mark(m)
                 spent += clock() - t
+                if j == 1:
+                    hd = spent
             t = clock()
             p.end()
             spent += clock() - t
         else:
-            for m in MARKS:
+            p.mark(MARKS[0])
+            p.mark(MARKS[1])
+            hd = spent + clock() - t
+            for m in MARKS[2:]:
                 p.mark(m)
             p.end()
             spent += clock() - t
+        if head is not None:
+            head.append(hd * 1e6)
         if launch is not None:
             launch.append(spent * 1e6)
         if wait_s:  # v2: after launching a cycle the scheduler waits for the one before
@@ -376,13 +386,16 @@ def main():
     before = {k: [] for k in names}  # each rep's mean share before the GPU wait
     walls = {k: [] for k in names}  # each rep's mean wall time a cycle: hooks, upstream's ops, the wait
     lates = {k: [] for k in names}  # each rep's mean overrun of the wait (the GIL taken back in it)
+    heads = {k: [] for k in names}  # each rep's mean time in begin and the first two marks
     for rep in range(a.reps):  # interleaved; with --against, the two trees in alternating order
         order = names if rep % 2 == 0 else ["off", *reversed(list(profs))]
         for name in order:
             p = off if name == "off" else profs[name]
             pre, wall, late = [], [], []
-            us = run(p, a.cycles, sync, launch=pre, walls=wall, late=late, **kw)
+            hd = []
+            us = run(p, a.cycles, sync, launch=pre, walls=wall, late=late, head=hd, **kw)
             res[name].append(statistics.fmean(us))
+            heads[name].append(statistics.fmean(hd))
             walls[name].append(statistics.fmean(wall))
             if late:
                 lates[name].append(statistics.fmean(late))
@@ -417,6 +430,9 @@ def main():
     if a.wait_us:
         out["wait_late_us"] = {k: round(statistics.median(v), 2) for k, v in lates.items()}
     out["median_cycle_us"] = {k: round(statistics.median(v), 2) for k, v in mids.items()}
+    # begin and the marks before the draft replay, the null profiler's taken out rep by rep
+    out["head_added_us"] = {k: round(statistics.median(x - y for x, y in zip(heads[k], heads["off"])), 2)
+                            for k in profs}
     # of the mean, what came before the GPU wait (begin, marks, end) and after (harvest, commit)
     out["before_wait_us"] = {k: round(statistics.median(v), 2) for k, v in before.items()}
     out["runs_us"] = {k: [round(x, 2) for x in v] for k, v in res.items()}

@@ -46,7 +46,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpu_models import write_models  # noqa: E402
 from serving import (eagle3_args, installed_sglang, http, interleaved_runs, load, machine, median_ci,  # noqa: E402
-                     out_of_time, portable_command, quartiles, rotations, start_all, stop_all, tok_s)
+                     out_of_time, portable_command, quartiles, rotations, start_all, stop_all, tok_s,
+                     write_json)
 
 PAUSE_SIGNAL = "SIGUSR2"
 
@@ -226,9 +227,7 @@ def main():
                 res["on_extra"], res["off_profile"] = a.on_extra, a.off_profile
             if a.same_process:
                 res["same_process"] = True  # off: the same server with its profiler paused
-            with open(os.path.join(a.out, f"overhead-{a.sglang}-c{c}{a.tag}.json"), "w") as f:
-                json.dump(res, f, indent=1)
-                f.write("\n")
+            write_json(os.path.join(a.out, f"overhead-{a.sglang}-c{c}{a.tag}.json"), res)
     finally:
         stop_all(servers)
 

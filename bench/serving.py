@@ -243,3 +243,10 @@ def portable_command(script, argv):
     for i, a in enumerate(argv):
         out.append(names[argv[i - 1]] if i and argv[i - 1] in names else a)
     return " ".join(["python", script, *(shlex.quote(x) for x in out)])
+
+
+def write_json(path, obj):
+    """A result file: indented JSON, one trailing newline."""
+    with open(path, "w") as f:
+        json.dump(obj, f, indent=1)
+        f.write("\n")

@@ -250,22 +250,24 @@ def captured_graph(p, b, key, steps):
     return evs
 
 
-def replay(b, evs, step_ms):
-    """What a replay does to the event nodes: each gets the device time of its step boundary."""
+def replay(b, evs, step_ms, ran=True):
+    """What a replay does to the event nodes: each gets the device time of its step boundary
+    (`ran`: the device reached its last one before the cycle ends)."""
     t = b.gpu
     evs[0].t, evs[0].done = t, True
     for ev, ms in zip(evs[1:], step_ms):
         t += ms
         ev.t, ev.done = t, True
+    evs[-1].done = ran
 
 
-def graph_cycle(p, b, key, evs, step_ms):
+def graph_cycle(p, b, key, evs, step_ms, ran=True):
     p.begin("decode", 1)
     b.advance(0.3)
     p.mark("draft_prep")
     b.advance(0.25)  # the graph runner copies the inputs and sets the attention metadata
     p.draft_replay_begin(*key)
-    replay(b, evs, step_ms)
+    replay(b, evs, step_ms, ran)
     b.advance(sum(step_ms))
     p.draft_replay_end()
     b.advance(0.05)  # the runner hands the replay's outputs back
@@ -303,10 +305,25 @@ def test_draft_steps_inside_a_captured_graph(fake):
 def test_replay_before_the_previous_one_completed_loses_only_that_read(fake):
     p, b, out = fake
     evs = captured_graph(p, b, ("g", 1), 2)
-    graph_cycle(p, b, ("g", 1), evs, [0.5, 0.5])
-    evs[-1].done = False  # the device has not reached the end of the last replay yet
+    graph_cycle(p, b, ("g", 1), evs, [0.5, 0.5], ran=False)  # the device has not reached its end yet
     graph_cycle(p, b, ("g", 1), evs, [0.5, 0.5])
     assert p.steps_lost == 1
+
+
+def test_a_replay_done_by_its_cycle_end_is_read_there(fake):
+    """Read at the cycle's end when the device ran it: the next replay (on 0.5.12 launched
+    where the GPU waits for the host) has nothing to read, and a read it could not make
+    (its own events in flight) loses nothing."""
+    p, b, out = fake
+    evs = captured_graph(p, b, ("g", 1), 2)
+    for k in range(3):
+        graph_cycle(p, b, ("g", 1), evs, [0.4, 0.6])
+        evs[-1].done = False  # the next replay is in flight before this cycle is read
+        p.harvest([1])
+    assert p.steps_lost == 0
+    p.flush()
+    slot_steps = [c.steps_gpu_ms for c in p.window.samples]
+    assert slot_steps and all(st == pytest.approx([0.4, 0.6]) for st in slot_steps)
 
 
 @pytest.mark.full  # 5 minutes on 2 cores

@@ -29,6 +29,7 @@ class DraftGraphs:
         self.last_replay: dict = {}  # graph key -> the slot of its last replay
         self.lock = threading.Lock()
         self.lost = 0  # replays whose step times were rewritten before they were read
+        self.read_late = 0  # replays whose step times were read just before the next one (not at their cycle's end)
         self.capture_s: dict = {}  # "draft" -> {batch size: seconds}
 
     @staticmethod
@@ -68,6 +69,7 @@ class DraftGraphs:
             prev = self.last_replay.get(key)
             n = self.replays.get(key, 0)
             if prev is not None and prev.steps_key == key and prev.steps_replay == n and prev.steps_ms is None:
+                self.read_late += 1
                 self._read(prev)
             self.replays[key] = n + 1
             if s is not None:
@@ -75,6 +77,19 @@ class DraftGraphs:
                 s.steps_replay = n + 1
                 s.steps_ms = None
                 self.last_replay[key] = s
+
+    def read_done(self, s) -> None:
+        """At the end of the cycle `s`: its replay's step times, if the GPU has run that
+        replay already (one query, no wait). The next replay then finds nothing to read, and it
+        is launched where the GPU may be waiting for the host (0.5.12 syncs at each cycle's
+        start, so a cycle's first hooks and its draft replay are on the critical path)."""
+        key = s.steps_key
+        with self.lock:
+            if s.steps_ms is None and s.steps_replay == self.replays.get(key, 0):
+                evs = self.step_events[key]
+                if (self.query_held or self.backend.query_captured)(evs[-1]):
+                    el = self.elapsed_held or self.backend.elapsed_captured
+                    s.steps_ms = [el(x, y) for x, y in zip(evs, evs[1:])]
 
     def read(self, s) -> list:
         """Reader: the step times of the replay `s` ran ([] if a later replay came first)."""

@@ -264,6 +264,12 @@ class Profiler(GraphHooks, AcceptHooks, NullProfiler):
             except Exception as e:
                 self._fail(e)
                 return
+        if s.steps_key is not None:  # its draft graph's step times, if they are done (graphs.py)
+            try:
+                self.graphs.read_done(s)
+            except Exception as e:
+                self._fail(e)
+                return
         items = self.items
         items.append(("slot", s))
         if len(items) >= self.hand_over:
@@ -306,7 +312,8 @@ class Profiler(GraphHooks, AcceptHooks, NullProfiler):
             "rank": self.rank,
             "time": round(time.time(), 3),
             "config": self.config,
-            "graphs": {"draft_replays": self.graphs.total_replays(), "eager": dict(self.eager),
+            "graphs": {"draft_replays": self.graphs.total_replays(), "steps_read_late": self.graphs.read_late,
+                       "eager": dict(self.eager),
                        "capture_s": {k: dict(v) for k, v in self.graphs.capture_s.items()}},
             "marks_lost": self.marks_lost,
             "uncut_cycles": self.uncut_cycles,
