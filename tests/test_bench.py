@@ -136,3 +136,44 @@ def test_hook_cost_times_the_servers_way_against_a_reader_thread():
     bad = subprocess.run([sys.executable, str(ROOT / "bench" / "hook_cost.py"), "--cpu", "--wait-kind", "overlap",
                           "--wait-us", "100"], env=env, capture_output=True, text=True, timeout=60)
     assert bad.returncode != 0 and "--wait-kind overlap needs a GPU" in bad.stderr
+
+
+def test_host_sensitivity_spins_at_one_place_at_a_time(tmp_path):
+    """`bench/host_sensitivity.py` on the stand-in server, which (as 0.5.12) starts each cycle
+    synchronised with the last: 3 ms of host time in `begin` lengthens a cycle of about 6 ms by
+    itself, the same at `end` (after the draft's launch) is hidden, and a mark no cycle makes
+    costs nothing; the server confirms each place before its run."""
+    out = run("host_sensitivity.py", tmp_path, "--sglang", "0.5.12", "--places", "begin", "end", "mark:nothing",
+              "--spin-us", "3000", "--concurrency", "1", "--rounds", "4", "--new-tokens", "90")
+    r = json.loads((tmp_path / "host-sensitivity-0.5.12-c1.json").read_text())
+    assert r["rounds"] == 4 and r["spin_us"] == 3000 and set(r["tok_s"]) == {"none", "begin", "end", "mark:nothing"}
+    places = r["places"]
+    assert places["begin"]["median_ratio"] < 0.8, out
+    assert places["end"]["median_ratio"] > 0.9 and places["mark:nothing"]["median_ratio"] > 0.9, out
+    assert r["command"].startswith("python bench/host_sensitivity.py") and "OUT" in r["command"]
+
+
+def test_profile_marks_sets_phase_timed_cycles_beside_whole_ones(tmp_path):
+    """`bench/profile_marks.py`: a bucket's cycles timed whole are its cycles less those timed
+    by phase, so their mean comes from the two means and counts; buckets with too few of
+    either are left out."""
+    windows = []
+    for i, (whole, detail) in enumerate([(7.0, 7.04), (7.2, 7.23), (6.9, 6.95)]):
+        every_mean = (75 * whole + 25 * detail) / 100
+        windows.append({"window": i, "graphs": {"draft_replays": 100 * (i + 1), "steps_read_late": i},
+                        "buckets": {
+                            "1": {"cycle_gpu_ms": {"mean": every_mean, "n": 100},
+                                  "phase_cycle_gpu_ms": {"mean": detail, "n": 25},
+                                  "between_cycles_gpu_ms": {"mean": 0.2 + 0.01 * i}},
+                            "2": {"cycle_gpu_ms": {"mean": 5.0, "n": 10}, "phase_cycle_gpu_ms": {"mean": 5.1, "n": 3}}}})
+    path = tmp_path / "p.jsonl"
+    path.write_text("".join(json.dumps(w) + "\n" for w in windows))
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "profile_marks.py"), str(path)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    r = json.loads(proc.stdout)
+    assert list(r["buckets"]) == ["1"]
+    b = r["buckets"]["1"]
+    assert b["windows"] == 3 and b["marks_add_us"] == pytest.approx(40.0, abs=0.1)
+    assert b["whole_cycle_gpu_ms"] == pytest.approx(7.0, abs=1e-3) and b["between_cycles_gpu_ms"] == 0.21
+    assert r["draft_replays"] == 300 and r["steps_read_late"] == 2
