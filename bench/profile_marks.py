@@ -11,8 +11,12 @@ reads made only at the next replay. Prints one JSON line.
 """
 import json
 import lzma
+import os
 import statistics
 import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "overlay"))
+from sglang_specprof.report import marks_added  # noqa: E402
 
 
 def main():
@@ -23,12 +27,12 @@ def main():
             w = json.loads(line)
             graphs = w.get("graphs", graphs)
             for key, b in w.get("buckets", {}).items():
-                every, detail = b.get("cycle_gpu_ms", {}), b.get("phase_cycle_gpu_ms", {})
-                n, nd = every.get("n", 0), detail.get("n", 0)
-                if n > 20 and 3 < nd < n:
-                    whole = (every["mean"] * n - detail["mean"] * nd) / (n - nd)
+                n, nd = b.get("cycle_gpu_ms", {}).get("n", 0), b.get("phase_cycle_gpu_ms", {}).get("n", 0)
+                added = marks_added(b)
+                if added is not None and n > 20 and nd > 3:
+                    detail = b["phase_cycle_gpu_ms"]["mean"]
                     gap = b.get("between_cycles_gpu_ms", {}).get("mean")
-                    rows.setdefault(key, []).append((detail["mean"], whole, gap))
+                    rows.setdefault(key, []).append((detail, detail - added, gap))
     out = {"profile": path.rsplit("/", 1)[-1], "buckets": {}}
     for key, rs in rows.items():
         out["buckets"][key] = {

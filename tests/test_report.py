@@ -577,3 +577,41 @@ def test_adaptive_config_margin_and_bad_paths(tmp_path, capsys):
     assert err.strip().splitlines()[-1] == f"sglang-specprof: error: cannot write {tmp_path / 'no' / 'a.json'}: No such file or directory"
     code, _, err = run_cli("report", str(V2), "--adaptive-config", str(out), "--adaptive-margin", "100", capsys=capsys)
     assert code == 1 and "--adaptive-margin must be at least 0 and below 100" in err
+
+
+def test_report_says_what_timing_by_phase_adds_to_a_cycle(tmp_path, capsys):
+    """With phases in one cycle of 4, each window holds cycles of both kinds: if every event
+    costs the GPU 2 us, a cycle timed by phase takes 2 us more for each event it records beyond
+    a whole cycle's end (its marks but the last, and its 4 draft-step events), and the report
+    says so per bucket; with every phase of every cycle it says nothing (there is nothing to
+    set them against)."""
+    from sglang.specprof.jsonl import JsonlSink
+    from sglang.specprof.profiler import Profiler
+    from test_profiler import PHASES, run_cycle
+
+    extra_us = 2.0 * (len(PHASES) - 1 + 4)
+
+    class EventsCost(FakeBackend):
+        def record(self, ev):
+            self.gpu += 0.002
+            super().record(ev)
+
+    def profile(path, every):
+        b = EventsCost()
+        p = Profiler(b, interval=20, sink=JsonlSink(str(path)), config={"num_steps": 3, "topk": 1}, clock=b.clock,
+                     log_table=False, phases_every=every)
+        for _ in range(20 * 4 + 1):
+            run_cycle(p, b, bs=2, host_scale=0.5)
+        p.flush()
+        return path
+
+    code, out, _ = run_cli("report", str(profile(tmp_path / "k4.jsonl", 4)), "--json", capsys=capsys)
+    m = json.loads(out)["summary"]["buckets"]["2"]["phase_marks_added"]
+    assert code == 0 and m["windows"] == 4 and m["gpu_ms"] == pytest.approx(extra_us / 1000, abs=1e-6)
+    assert 0 < m["share_of_all"] < extra_us / 1000 / 4
+    code, out, _ = run_cli("report", str(tmp_path / "k4.jsonl"), capsys=capsys)
+    assert f"bs 2: timing by phase adds {extra_us:.1f} us of GPU time to each cycle it times (median of 4 windows" in out
+    code, out, _ = run_cli("report", str(profile(tmp_path / "k1.jsonl", 1)), "--json", capsys=capsys)
+    assert json.loads(out)["summary"]["buckets"]["2"]["phase_marks_added"] is None
+    code, out, _ = run_cli("report", str(tmp_path / "k1.jsonl"), capsys=capsys)
+    assert code == 0 and "timing by phase adds" not in out

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import statistics
 import threading
 import urllib.request
 from array import array
@@ -185,6 +186,18 @@ class _Stats:
         return out
 
 
+def marks_added(b: dict):
+    """In one window's bucket, what its cycles timed by phase took on the GPU beyond those
+    timed whole (ms): about ten more events each, and the marks' host time where the GPU
+    waits for the host. None unless the bucket holds both kinds (phases in one cycle of K)."""
+    every, detail = b.get("cycle_gpu_ms") or {}, b.get("phase_cycle_gpu_ms") or {}
+    n, nd = every.get("n") or 0, detail.get("n") or 0
+    if not (0 < nd < n) or every.get("mean") is None or detail.get("mean") is None:
+        return None
+    whole = (every["mean"] * n - detail["mean"] * nd) / (n - nd)
+    return detail["mean"] - whole
+
+
 def _sum_into(out: list, xs) -> None:
     for i, c in enumerate(xs):
         while len(out) <= i:
@@ -212,6 +225,8 @@ class _Bucket:
         self.replays = dict.fromkeys(self.GRAPHS, 0)
         self.eager = dict.fromkeys(self.GRAPHS, 0)
         self.padding: list = []  # (padding_mean, cycles) of each window
+        # each window's cycles timed by phase against those timed whole (ms of GPU span)
+        self.marks = array("d")
 
     def add(self, b: dict) -> None:
         self.cycles += b["cycles"]
@@ -225,6 +240,9 @@ class _Bucket:
         self.cyc.add(b["cycle_gpu_ms"])
         # the cycles the phases were timed in (all of them before --speculative-profile-phases-every)
         self.timed.add(b.get("phase_cycle_gpu_ms") or b["cycle_gpu_ms"])
+        diff = marks_added(b)
+        if diff is not None:
+            self.marks.append(diff)
         for i, s in enumerate(b["draft_steps_gpu_ms"]):
             if len(self.steps) <= i:
                 self.steps.append(_Stats())
@@ -274,6 +292,11 @@ class _Bucket:
         verified = sum(self.hist)
         positions = max(len(self.drafts) - 1, self.positions)
         stalled = dict(self.stalled, gpu_ms=_r(self.stalled["gpu_ms"]))
+        marks = None
+        if self.marks and cyc["n"] and timed["n"] and cyc["mean"]:
+            added = statistics.median(self.marks)
+            marks = {"gpu_ms": _r(added), "windows": len(self.marks),
+                     "share_of_all": _r(added * timed["n"] / cyc["n"] / cyc["mean"])}
         return {
             "cycles": self.cycles,
             "prefill_cycles": self.prefill_cycles,
@@ -281,6 +304,7 @@ class _Bucket:
             "draft_steps_gpu_ms": [s.result() for s in self.steps],
             "cycle_gpu_ms": cyc,
             "phase_cycle_gpu_ms": timed,
+            "phase_marks_added": marks,
             "context_tokens": self.ctx.result() if self.ctx is not None else None,
             "between_cycles_gpu_ms": gap,
             "cycle_period_gpu_ms": period,
@@ -452,6 +476,12 @@ def render(summary: dict, advice: dict) -> str:
     text += format_by_steps(by_steps(summary))
     for key, adv in advice.items():
         text.append(f"bs {key} " + advisor.format_advice(adv))
+    for key, b in summary.get("buckets", {}).items():
+        m = b.get("phase_marks_added")
+        if m and m["gpu_ms"] is not None:
+            text.append(f"bs {key}: timing by phase adds {1000 * m['gpu_ms']:.1f} us of GPU time to each cycle it times "
+                        f"(median of {m['windows']} windows, those cycles against the ones timed whole), "
+                        f"{100 * m['share_of_all']:.2f}% of all cycles' time")
     if summary.get("kernels"):
         k = summary["kernels"]  # its table is in format_summary's
         text.append(f"({k['samples']} kernel samples merged; {k['unmatched_kernels']} kernels whose launch the "
