@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """Host time the profiler's hooks add to one decode cycle, on a real GPU stream.
 
-Runs the calls a v2 decode cycle makes (begin, 11 marks, end, harvest, the scheduler's
-commit of `--bs` requests) with real CUDA events and no GPU work, and the same calls on the
-profiler that --speculative-profile off installs, and prints microseconds per cycle spent
-inside the hooks (median of --reps runs of --cycles; also the p99 and the longest cycle).
+Runs the calls a v2 decode cycle makes (begin, 8 marks and the draft graph's three replay
+hooks, end, harvest, the scheduler's commit of `--bs` requests) with real CUDA events and
+no GPU work, and the same calls on the profiler that --speculative-profile off installs,
+and prints microseconds per cycle spent inside the hooks (median of --reps runs of
+--cycles; also the p99 and the longest cycle).
 That is the most the profiler can slow a cycle whose host work is on the critical path.
 
 `--threaded` folds and closes windows on the helper thread, as the server does; then
@@ -35,6 +36,15 @@ from sglang.specprof.profiler import NullProfiler, Profiler
 
 MARKS = ["draft_prep", "draft_inputs", "draft", "draft_outputs", "tree", "verify_prep", "verify", "accept",
          "draft_extend_prep", "draft_extend", "draft_extend_post"]
+RUNNER = object()  # the draft graph runner the replay hooks are given (no graph captured here)
+
+
+def hook_calls(p, bs):
+    """A cycle's hooks after `begin`, as the v2 worker calls them: the draft graph's replay
+    hooks close `draft_inputs`, `draft` and `draft_outputs`, the other marks are marks."""
+    graph = {"draft_inputs": (p.draft_replay_begin, (RUNNER, bs)), "draft": (p.draft_replay_end, ()),
+             "draft_outputs": (p.draft_end, ())}
+    return [graph.get(m, (p.mark, (m,))) for m in MARKS]
 BUCKET_BS = [1, 2, 4, 8, 16, 32]
 
 
@@ -224,6 +234,7 @@ def run(p, cycles, sync, bs=8, buckets=1, wait_s=0.0, ctx=None, wait=gpu_wait, l
     synchronises at each cycle's start; bench/host_sensitivity.py)."""
     gpu = getattr(wait, "launch", None)
     reqs = {n: [Req() for _ in range(n)] for n in BUCKET_BS}
+    hooks = {n: hook_calls(p, n) for n in BUCKET_BS}
     lens = {n: 8000 if ctx is None else ctx(n) for n in BUCKET_BS}
     sizes = [bs] if buckets <= 1 else BUCKET_BS[:buckets]
     clock = time.perf_counter
@@ -243,13 +254,14 @@ def run(p, cycles, sync, bs=8, buckets=1, wait_s=0.0, ctx=None, wait=gpu_wait, l
             t = clock()
         else:
             spent = 0.0
+        calls = hooks[n]
         if ops:
             spent += clock() - t
-            for j, m in enumerate(MARKS):
+            for j, (f, args) in enumerate(calls):
                 for _ in range(ops):
                     upstream_op()
                 t = clock()
-                p.mark(m)
+                f(*args)
                 spent += clock() - t
                 if j == 1:
                     hd = spent
@@ -257,11 +269,12 @@ def run(p, cycles, sync, bs=8, buckets=1, wait_s=0.0, ctx=None, wait=gpu_wait, l
             p.end()
             spent += clock() - t
         else:
-            p.mark(MARKS[0])
-            p.mark(MARKS[1])
+            (f0, a0), (f1, a1) = calls[0], calls[1]
+            f0(*a0)
+            f1(*a1)
             hd = spent + clock() - t
-            for m in MARKS[2:]:
-                p.mark(m)
+            for f, args in calls[2:]:
+                f(*args)
             p.end()
             spent += clock() - t
         if head is not None:

@@ -929,6 +929,63 @@ def test_the_hot_path_stays_small(every, most, records, mode):
         assert "query" not in b.ops and "elapsed" not in b.ops, b.ops
 
 
+# Python calls into the profiler in the hooks before the draft graph's replay (begin, the
+# draft_prep mark, draft_replay_begin), where 0.5.12's GPU waits for the host: each of their
+# microseconds is one of the cycle's (bench/host_sensitivity.py). 4.0 at the time of writing,
+# timed by phase or not (7.0 and 5.5 before draft_replay_begin's record and graph key were
+# written inline, more before the previous replay's step read moved to the cycle's end).
+HEAD_CALLS = 4.5
+
+
+@pytest.mark.parametrize("every", [1, 4])
+def test_the_hooks_before_the_draft_replay_stay_few(every):
+    import sys
+
+    b = FakeBackend()
+    p = Profiler(b, interval=100, config={"num_steps": 3, "worker": "v2"}, clock=b.clock, log_table=False,
+                 threaded="outputs", phases_every=every)
+    key = ("g", 8)
+    evs = captured_graph(p, b, key, 3)
+    calls = [0]
+    counting = [False]
+
+    def count(frame, event, arg):
+        if counting[0] and event == "call" and "/sglang/specprof/" in frame.f_code.co_filename:
+            calls[0] += 1
+
+    def cycles(n, counted):
+        for _ in range(n):
+            counting[0] = counted
+            p.begin("decode", 8, 8000)
+            b.advance(0.3)
+            p.mark("draft_prep")
+            b.advance(0.2)
+            p.draft_replay_begin(*key)
+            counting[0] = False
+            replay(b, evs, [0.2, 0.2, 0.2])
+            b.advance(0.6)
+            p.draft_replay_end()
+            p.draft_end()
+            for name in ("tree", "verify_prep", "verify", "accept", "draft_extend_prep", "draft_extend",
+                         "draft_extend_post"):
+                b.advance(0.5)
+                p.mark(name)
+            p.end()
+            b.advance(0.2)
+            p.harvest([2] * 8)
+
+    cycles(300, False)
+    sys.setprofile(count)
+    try:
+        cycles(400, True)
+    finally:
+        sys.setprofile(None)
+    per = calls[0] / 400
+    assert per <= HEAD_CALLS, f"{per:.1f} profiler calls a cycle before the draft replay"
+    assert p.flush() and p.steps_lost == 0 and p.graphs.read_late == 0  # every replay read at its cycle's end
+    assert p.totals_now()["decode_cycles"] == 700
+
+
 @pytest.mark.parametrize("given, rank1", [
     ("prof.jsonl", "prof.rank1.jsonl"),
     ("./profile", "./profile.rank1"),

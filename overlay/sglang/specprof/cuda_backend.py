@@ -10,6 +10,8 @@ torch's in both, as the capture needs.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 
@@ -27,7 +29,9 @@ class TorchEvents:
     def __init__(self):
         self.device = torch.cuda.current_device()
         raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-        self._raw = (lambda: raw(self.device)) if raw is not None else (
+        # a C call a cycle (no Python frame of its own): refresh() runs in `begin`, which on
+        # 0.5.12 is where the GPU waits for the host (bench/host_sensitivity.py)
+        self._raw = functools.partial(raw, self.device) if raw is not None else (
             lambda: torch.cuda.current_stream().cuda_stream)
         self._streams: dict = {}
         self.stream = None

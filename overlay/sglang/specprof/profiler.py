@@ -205,7 +205,7 @@ class Profiler(GraphHooks, AcceptHooks, NullProfiler):
             self.seq = seq + 1
             if kind != "decode" or self.detail_all:
                 if ctx is not None:
-                    s.ctx = context_tokens(ctx)
+                    s.ctx = ctx if ctx.__class__ is int else context_tokens(ctx)
             else:
                 seen = self._detail_seen
                 k = seen.get(bs, 0)
@@ -213,7 +213,7 @@ class Profiler(GraphHooks, AcceptHooks, NullProfiler):
                 if k % self.phases_every:
                     s.detail = False
                 elif ctx is not None:  # a tensor's sum costs microseconds: the cycles timed by phase only
-                    s.ctx = context_tokens(ctx)
+                    s.ctx = ctx if ctx.__class__ is int else context_tokens(ctx)
             self.cur = s
             b = self.backend
             b.refresh()
