@@ -1298,3 +1298,41 @@ def test_a_signal_pauses_the_profiler_and_the_next_resumes_it(monkeypatch):
         assert t["decode_cycles"] == 3 + 5  # the cycle cut by the pause: dropped
     finally:
         signal.signal(signal.SIGUSR2, old)
+
+
+def test_a_window_makes_no_random_generator_until_a_reservoir_fills(monkeypatch):
+    """Each window's buckets make dozens of series as its cycles are folded on the scheduler's
+    thread; a series makes its reservoir's generator (4 us) only once it holds more samples
+    than it keeps, and then samples as one made up front would have."""
+    import random
+
+    from sglang_specprof import window
+
+    made = []
+
+    class Counted(random.Random):
+        def __init__(self, *a):
+            made.append(a)
+            super().__init__(*a)
+
+    monkeypatch.setattr(window.random, "Random", Counted)
+    b = FakeBackend()
+    p = Profiler(b, interval=100, config={"num_steps": 3, "worker": "v2"}, clock=b.clock, log_table=False)
+    for _ in range(250):
+        run_cycle(p, b, bs=2)
+    assert p.flush() and made == []
+
+    s = window.Series(seed=7)
+    xs = [((i * 7919) % 1000) / 10.0 for i in range(window.SAMPLES_PER_SERIES + 500)]
+    for x in xs:
+        s.add(x)
+    assert made == [(7,)]
+    ref, rng = [], random.Random(7)  # the reservoir with its generator made up front
+    for i, x in enumerate(xs, 1):
+        if i <= window.SAMPLES_PER_SERIES:
+            ref.append(x)
+        else:
+            j = rng.randrange(i)
+            if j < window.SAMPLES_PER_SERIES:
+                ref[j] = x
+    assert s.samples == ref and s.n == len(xs) and s.max == max(xs)

@@ -105,14 +105,18 @@ def percentile(sorted_values: list[float], q: float) -> float:
 class Series:
     """Count, sum and a bounded reservoir of samples for percentiles."""
 
-    __slots__ = ("n", "total", "max", "samples", "_rng")
+    __slots__ = ("n", "total", "max", "samples", "_rng", "_seed")
 
     def __init__(self, seed: int = 0):
         self.n = 0
         self.total = 0.0
         self.max = float("nan")
         self.samples: list[float] = []
-        self._rng = random.Random(seed)
+        # made when the reservoir first fills (a window of the default 100 cycles never does):
+        # a Random costs 4 us to make, and each window's buckets make dozens of series, on the
+        # scheduler's thread as its cycles are folded
+        self._rng = None
+        self._seed = seed
 
     def add(self, x: float) -> None:
         self.n += 1
@@ -122,7 +126,10 @@ class Series:
         if self.n <= SAMPLES_PER_SERIES:
             self.samples.append(x)
         else:
-            j = self._rng.randrange(self.n)
+            rng = self._rng
+            if rng is None:
+                rng = self._rng = random.Random(self._seed)
+            j = rng.randrange(self.n)
             if j < SAMPLES_PER_SERIES:
                 self.samples[j] = x
 
@@ -198,7 +205,10 @@ class Bucket:
         if c.kind == "prefill":
             self.prefill_cycles += 1
             for name, g, _ in c.phases:
-                self.prefill_gpu.setdefault(name, Series()).add(g)
+                sp = self.prefill_gpu.get(name)
+                if sp is None:
+                    sp = self.prefill_gpu[name] = Series()
+                sp.add(g)
             return
         self.cycles += 1
         total = 0.0
