@@ -233,7 +233,10 @@ class Bucket:
             self.drain_cycles += 1
         else:
             self.decode_ms += total + (c.gap_gpu_ms or 0.0)
-        worst = max((g for _, g, h in rows if g > STALL_MIN_MS and h >= STALL_HOST_SHARE * g), default=0.0)
+        worst = 0.0  # a loop, not max() over a generator: this runs for every cycle, on the scheduler's thread
+        for _, g, h in rows:
+            if g > STALL_MIN_MS and h >= STALL_HOST_SHARE * g and g > worst:
+                worst = g
         if worst:
             cand = self.candidates
             if len(cand) < STALL_CANDIDATES:
