@@ -31,7 +31,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpu_models import write_models  # noqa: E402
 from serving import (eagle3_args, installed_sglang, load, machine, median_ci, out_of_time,  # noqa: E402
-                     portable_command, rotations, start_all, stop_all, tok_s, write_json)
+                     pin_schedulers, portable_command, rotations, start_all, stop_all, tok_s, write_json)
 
 SIGNAL = "SIGUSR2"
 
@@ -151,6 +151,8 @@ def main():
     ap.add_argument("--max-seconds", type=float, default=None)
     ap.add_argument("--sglang", default=installed_sglang())
     ap.add_argument("--tag", default="")
+    ap.add_argument("--pin-schedulers", action="store_true",
+                    help="the scheduler thread on a CPU (and core) of its own, the rest elsewhere")
     a = ap.parse_args()
     t0 = time.time()
     os.makedirs(a.out, exist_ok=True)
@@ -164,6 +166,7 @@ def main():
                PYTHONPATH=folder + os.pathsep + os.environ.get("PYTHONPATH", ""))
     servers = start_all({"off": (eagle3_args(target, draft, steps=3, topk=1, graph_bs=a.concurrency), env)}, a.logs)
     try:
+        pinned = pin_schedulers(servers) if a.pin_schedulers else None
         port = servers["off"].port
         pids = processes(folder)
         print(f"server ready in {time.time() - t0:.0f} s; spin processes {pids}", flush=True)
@@ -182,7 +185,7 @@ def main():
                 print(f"c={c} round {r}: " + "  ".join(f"{n} {runs[n][-1]:.1f}" for n in names), flush=True)
             set_place(folder, pids, "none")
             res = {"benchmark": "host_sensitivity", "sglang": a.sglang, "concurrency": c, "spin_us": a.spin_us,
-                   "rounds": len(runs["none"]), "new_tokens": a.new_tokens,
+                   "rounds": len(runs["none"]), "new_tokens": a.new_tokens, "schedulers_pinned": pinned,
                    "tok_s_none_median": round(statistics.median(runs["none"]), 2), "places": {}}
             for p in a.places:
                 ratios = [x / y for x, y in zip(runs[p], runs["none"])]

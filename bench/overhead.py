@@ -46,8 +46,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpu_models import write_models  # noqa: E402
 from serving import (eagle3_args, installed_sglang, http, interleaved_runs, load, machine, median_ci,  # noqa: E402
-                     out_of_time, portable_command, quartiles, rotations, start_all, stop_all, tok_s,
-                     write_json)
+                     out_of_time, pin_schedulers, portable_command, quartiles, rotations, start_all,
+                     stop_all, tok_s, write_json)
 
 PAUSE_SIGNAL = "SIGUSR2"
 
@@ -168,6 +168,9 @@ def main():
     ap.add_argument("--sglang", default=installed_sglang(), help="the release the results are named by "
                     "(default: the sglang installed)")
     ap.add_argument("--cpus", metavar="A-B", help="pin the servers to these CPUs, each to its own share")
+    ap.add_argument("--pin-schedulers", action="store_true",
+                    help="once the servers are up, each one's scheduler thread on a CPU (and core) of its own, "
+                         "every other thread of theirs and the clients on the CPUs left")
     ap.add_argument("--on-extra", default="", metavar="FLAGS",
                     help="more flags for the `on` server, e.g. '--speculative-profile-kernels 1'")
     ap.add_argument("--off-profile", action="store_true",
@@ -196,6 +199,9 @@ def main():
                          dict(env, SGLANG_ENABLE_METRICS_DEVICE_TIMER="1"))
     servers = start_all(plan, a.logs, cpus=a.cpus)
     try:
+        pinned = pin_schedulers(servers) if a.pin_schedulers else None
+        if pinned:
+            print(f"schedulers pinned: {pinned}", flush=True)
         print(f"{len(servers)} servers ready in {time.time() - t0:.0f} s "
               f"({', '.join(f'{n} {s.ready_s} s' for n, s in servers.items())})", flush=True)
         compared = [n for n in ("off", "on", "upstream") if n in servers]
@@ -227,6 +233,8 @@ def main():
                 res["on_extra"], res["off_profile"] = a.on_extra, a.off_profile
             if a.same_process:
                 res["same_process"] = True  # off: the same server with its profiler paused
+            if pinned:
+                res["schedulers_pinned"] = pinned
             write_json(os.path.join(a.out, f"overhead-{a.sglang}-c{c}{a.tag}.json"), res)
     finally:
         stop_all(servers)

@@ -139,6 +139,82 @@ def split_cpus(spec, n):
     return [f"{lo + i * per}-{lo + (i + 1) * per - 1}" for i in range(n)]
 
 
+def server_processes(pgid):
+    """The processes of process group `pgid` (a server is started in a session of its own)."""
+    out = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()  # after the name: state, ppid, pgrp, ...
+            if int(fields[2]) == pgid:
+                out.append(int(d))
+        except (OSError, IndexError, ValueError):  # gone meanwhile
+            pass
+    return out
+
+
+def is_scheduler(pid) -> bool:
+    """SGLang names its scheduler processes `sglang::scheduler...` (setproctitle)."""
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            comm = f.read().strip()
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmd = f.read().decode(errors="replace")
+    except OSError:
+        return False
+    return comm.startswith("sglang::sched") or cmd.startswith("sglang::scheduler")
+
+
+def _siblings(cpu):
+    """The CPUs that share `cpu`'s core (its hyperthreads), from sysfs; {cpu} where it says none."""
+    try:
+        with open(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list") as f:
+            text = f.read().strip()
+    except OSError:
+        return {cpu}
+    out = set()
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        out.update(range(int(lo), int(hi or lo) + 1))
+    return out | {cpu}
+
+
+def pin_schedulers(servers):
+    """Each server's scheduler thread (its process's main thread) on a CPU of its own, its core's
+    other hyperthreads left idle where there are CPUs enough; every other thread of the servers,
+    and this thread (the clients' threads it starts after), on the CPUs left. Returns
+    {server: CPU}. Upstream's scheduler paces the GPU from one thread; a CPU it shares with the
+    clients or the other server makes its cycles vary from window to window."""
+    allowed = sorted(os.sched_getaffinity(0))
+    procs = {name: server_processes(s.proc.pid) for name, s in servers.items()}
+    scheds = {name: [p for p in ps if is_scheduler(p)] for name, ps in procs.items()}
+    if any(len(v) != 1 for v in scheds.values()):
+        raise SystemExit(f"--pin-schedulers: not one scheduler process a server ({scheds})")
+    own, taken = {}, set()
+    for name in servers:
+        free = [c for c in reversed(allowed) if c not in taken]
+        if len(free) < 2:
+            raise SystemExit(f"--pin-schedulers: {len(allowed)} CPUs are too few for {len(servers)} schedulers and the rest")
+        own[name] = free[0]
+        taken.add(free[0])
+        sib = _siblings(free[0]) & set(allowed)
+        if len(set(allowed) - taken - sib) >= 1:
+            taken |= sib
+    rest = set(allowed) - taken
+    for name, ps in procs.items():
+        for pid in ps:
+            for tid in os.listdir(f"/proc/{pid}/task") if os.path.isdir(f"/proc/{pid}/task") else []:
+                try:
+                    os.sched_setaffinity(int(tid), rest)
+                except OSError:
+                    pass
+        os.sched_setaffinity(scheds[name][0], {own[name]})
+    os.sched_setaffinity(0, rest)
+    return own
+
+
 def start_all(plan, log_dir, first_port=31000, mem_fraction=0.88, timeout=600, cpus=None):
     """Start the servers of `plan` ({name: (argv, env)}) side by side on one GPU.
 

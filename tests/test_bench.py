@@ -177,3 +177,39 @@ def test_profile_marks_sets_phase_timed_cycles_beside_whole_ones(tmp_path):
     assert b["windows"] == 3 and b["marks_add_us"] == pytest.approx(40.0, abs=0.1)
     assert b["whole_cycle_gpu_ms"] == pytest.approx(7.0, abs=1e-3) and b["between_cycles_gpu_ms"] == 0.21
     assert r["draft_replays"] == 300 and r["steps_read_late"] == 2
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or len(os.sched_getaffinity(0)) < 2,
+                    reason="needs Linux's /proc and two CPUs")
+def test_pin_schedulers_gives_each_scheduler_a_cpu_of_its_own():
+    """`overhead.py --pin-schedulers`: a server's process named as SGLang names its scheduler is
+    found in the server's process group and pinned to one CPU; its other process and this
+    thread go to the CPUs left."""
+    import time
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    import serving
+
+    code = ("import os, subprocess, sys, time\n"
+            "kid = subprocess.Popen([sys.executable, '-c', \"open('/proc/self/comm', 'w').write('sglang::schedul')\\n"
+            "import time\\ntime.sleep(60)\"])\n"
+            "time.sleep(60)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+    before = os.sched_getaffinity(0)
+    try:
+        deadline = time.time() + 20
+        while time.time() < deadline:
+            ps = serving.server_processes(proc.pid)
+            if len(ps) == 2 and any(serving.is_scheduler(p) for p in ps):
+                break
+            time.sleep(0.1)
+        server = type("S", (), {"proc": proc})()
+        pinned = serving.pin_schedulers({"on": server})
+        sched = [p for p in serving.server_processes(proc.pid) if serving.is_scheduler(p)]
+        assert len(sched) == 1 and os.sched_getaffinity(sched[0]) == {pinned["on"]}
+        rest = os.sched_getaffinity(0)
+        assert pinned["on"] not in rest and rest and os.sched_getaffinity(proc.pid) == rest
+    finally:
+        os.sched_setaffinity(0, before)
+        os.killpg(proc.pid, 9)
+        proc.wait()
