@@ -23,6 +23,8 @@ def main():
     ap.add_argument("--pieces", type=int, default=12, help="pieces of work a cycle (an event after each)")
     ap.add_argument("--kernels", type=int, default=8, help="matmuls a piece")
     a = ap.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("bench/event_gpu_cost.py needs an NVIDIA GPU: torch sees none here")
     dev = torch.device("cuda")
     x = torch.randn(1, 4096, device=dev, dtype=torch.bfloat16)
     w = torch.randn(4096, 4096, device=dev, dtype=torch.bfloat16)
