@@ -58,6 +58,7 @@ def main():
     torch.cuda.synchronize()
     events = [torch.cuda.Event(enable_timing=True) for _ in range(a.pieces)]
     t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
     def run(kind):
         with torch.cuda.stream(s):
             # about half a second: the host queues ahead of the GPU (and stays ahead when

@@ -82,7 +82,7 @@ def _patch(cls):
             pass
 
     if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGUSR2, on_signal)
+        signal.signal(getattr(signal, os.environ["SPECPROF_SENSITIVITY_SIGNAL"]), on_signal)
         with open(os.path.join(_DIR, "HAVE-%d" % os.getpid()), "w") as f:
             f.write("none")
 
@@ -162,7 +162,7 @@ def main():
         f.write(SITECUSTOMIZE)
     target, draft = write_models(os.path.join(a.logs, "models"), a.shape)
     env = dict(os.environ, SGLANG_SIMULATE_ACC_LEN="3.0", SPECPROF_SENSITIVITY_DIR=folder,
-               SPECPROF_SENSITIVITY_US=str(a.spin_us),
+               SPECPROF_SENSITIVITY_US=str(a.spin_us), SPECPROF_SENSITIVITY_SIGNAL=SIGNAL,
                PYTHONPATH=folder + os.pathsep + os.environ.get("PYTHONPATH", ""))
     servers = start_all({"off": (eagle3_args(target, draft, steps=3, topk=1, graph_bs=a.concurrency), env)}, a.logs)
     try:

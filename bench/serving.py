@@ -205,7 +205,11 @@ def pin_schedulers(servers):
     rest = set(allowed) - taken
     for name, ps in procs.items():
         for pid in ps:
-            for tid in os.listdir(f"/proc/{pid}/task") if os.path.isdir(f"/proc/{pid}/task") else []:
+            try:
+                tids = os.listdir(f"/proc/{pid}/task")
+            except OSError:  # gone meanwhile
+                continue
+            for tid in tids:
                 try:
                     os.sched_setaffinity(int(tid), rest)
                 except OSError:
