@@ -35,13 +35,24 @@ class TorchEvents:
             lambda: torch.cuda.current_stream().cuda_stream)
         self._streams: dict = {}
         self.stream = None
+        self.stream_id = self._raw  # () -> the current stream's handle, a number (the hot path's check)
+        self.sraw = None  # the handle of `stream`
         self.refresh()
 
     def _stream(self, raw):
         return torch.cuda.current_stream()
 
-    def refresh(self) -> None:
-        """Once per cycle: the stream the worker runs on now (the scheduler's forward stream)."""
+    # `crec(handle, stream handle)`: an event record as one C call, or None (record() then)
+    crec = None
+
+    @staticmethod
+    def handle(event):
+        """What `crec` takes for an event."""
+        return event
+
+    def refresh(self):
+        """The stream the worker runs on now (the scheduler's forward stream): a cycle's first
+        hook calls it where `stream_id()` changed since. Returns that stream's handle."""
         raw = self._raw()
         s = self._streams.get(raw)
         if s is None:
@@ -50,6 +61,8 @@ class TorchEvents:
                 self._streams.clear()
             self._streams[raw] = s
         self.stream = s
+        self.sraw = raw
+        return raw
 
     def attach(self) -> None:
         """On another thread that reads events: the device's context there too."""
@@ -114,7 +127,8 @@ class DriverEvents(TorchEvents):
         import ctypes
 
         lib = ctypes.PyDLL("libcuda.so.1")
-        q, e = lib.cuEventQuery, lib.cuEventElapsedTime
+        q, e, r = lib.cuEventQuery, lib.cuEventElapsedTime, lib.cuEventRecord
+        r.argtypes, r.restype = [ctypes.c_void_p, ctypes.c_void_p], ctypes.c_int
         q.argtypes, q.restype = [ctypes.c_void_p], ctypes.c_int
         e.argtypes, e.restype = [ctypes.POINTER(ctypes.c_float), ctypes.c_void_p, ctypes.c_void_p], ctypes.c_int
         ms = ctypes.c_float()
@@ -134,7 +148,10 @@ class DriverEvents(TorchEvents):
                 raise RuntimeError(f"cuEventElapsedTime failed: CUresult {err}")
             return ms.value
 
-        query_held(self.new_event())  # an event never recorded is complete: the call works here
+        probe = self.new_event()
+        query_held(probe)  # an event never recorded is complete: the call works here
+        if r(int(probe), self.sraw) == 0:  # the record too, on the current stream
+            self.crec = r  # the hot path's records: one C call, no wrapper (profiler.py)
         self.query_held, self.elapsed_held = query_held, elapsed_held
         self.query_captured_held = lambda ev: query_held(ev.cuda_event)
         self.elapsed_captured_held = lambda a, b: elapsed_held(a.cuda_event, b.cuda_event)
@@ -146,6 +163,10 @@ class DriverEvents(TorchEvents):
 
     def _stream(self, raw):
         return self._d.CUstream(raw)
+
+    @staticmethod
+    def handle(event):
+        return int(event)
 
     def attach(self) -> None:
         self._check(*self._d.cuCtxSetCurrent(self._ctx), call="cuCtxSetCurrent")

@@ -25,7 +25,11 @@ class DraftGraphs:
         self.step_events: dict = {}  # graph key -> [external events recorded during capture]
         self.capturing = None  # the key of the graph being captured
         self._t0 = 0.0
-        self.replays: dict = {}  # graph key -> replay count
+        self.replays: dict = {}  # graph key -> replay count, while a slot waits for its step times
+        # slots that took a replay and have not read its step times: while none does, a replay
+        # is only counted (`quiet`), not keyed (the hot path of the cycles timed whole)
+        self.watched = 0
+        self.quiet = 0
         self.last_replay: dict = {}  # graph key -> the slot of its last replay
         self.lock = threading.Lock()
         self.lost = 0  # replays whose step times were rewritten before they were read
@@ -73,9 +77,12 @@ class DraftGraphs:
                 self._read(prev)
             self.replays[key] = n + 1
             if s is not None:
+                if s.steps_key is not None and s.steps_ms is None:  # a second replay in one cycle
+                    self.watched -= 1
                 s.steps_key = key
                 s.steps_replay = n + 1
                 s.steps_ms = None
+                self.watched += 1
                 self.last_replay[key] = s
 
     def read_done(self, s) -> None:
@@ -90,6 +97,7 @@ class DraftGraphs:
                 if (self.query_held or self.backend.query_captured)(evs[-1]):
                     el = self.elapsed_held or self.backend.elapsed_captured
                     s.steps_ms = [el(x, y) for x, y in zip(evs, evs[1:])]
+                    self.watched -= 1
 
     def read(self, s) -> list:
         """Reader: the step times of the replay `s` ran ([] if a later replay came first)."""
@@ -107,9 +115,15 @@ class DraftGraphs:
         else:
             s.steps_ms = []
             self.lost += 1
+        self.watched -= 1
+
+    def forget(self, s) -> None:
+        """`s` goes back to the pool (under `lock`): it no longer waits for step times."""
+        if s.steps_key is not None and s.steps_ms is None:
+            self.watched -= 1
 
     def total_replays(self) -> int:
-        return sum(self.replays.values())
+        return sum(self.replays.values()) + self.quiet
 
 
 class GraphHooks:
@@ -176,13 +190,22 @@ class GraphHooks:
         """Just before a draft graph replay, its inputs copied and its attention metadata set:
         closes `draft_inputs` (that preparation), so that `draft` holds the replay alone, and
         reads the step times of this graph's previous replay."""
+        s = self.cur
+        if s is None or not s.detail:  # its steps are not read: the replay is counted, nothing kept
+            g = self.graphs
+            if not g.watched:  # and no earlier replay's step times wait to be read: nothing to key
+                g.quiet += 1
+                return
         try:
-            s = self.cur
             if s is not None:
                 if s.detail:
                     n = s.n  # _record, inline: on 0.5.12 the GPU waits for the host here
                     if n < len(s.events):
-                        self.backend.record(s.events[n])
+                        crec = self._crec
+                        if crec is None:
+                            self.backend.record(s.events[n])
+                        elif crec(s.h[n], self._sraw):
+                            raise RuntimeError("cuEventRecord failed (the draft's inputs)")
                         s.host[n] = self.clock()
                         s.names[n] = "draft_inputs"
                         s.n = n + 1

@@ -44,7 +44,7 @@ BEHIND = POOL // 4  # free slots below which the scheduler's thread reads cycles
 # longer than the GPU's lead over the host (bench/hook_cost.py --wait-kind overlap)
 HAND_OVER = 128
 HAND_OVER_POLICY = 16
-HAND_OVER_INLINE = 2
+HAND_OVER_INLINE = 32
 SWITCHES_KEPT = 256  # step-count changes a window keeps (--speculative-adaptive); beyond, counted
 
 
@@ -73,6 +73,14 @@ class Profiler(GraphHooks, AcceptHooks, NullProfiler):
         self.rank = rank
         self.free = deque(Slot(backend) for _ in range(POOL))  # taken here, given back by the reader
         self.cur: Slot | None = None
+        self.next_slot: Slot | None = None  # the next decode cycle's, made ready at an end (_ready_next)
+        # records: one C call with the event's and the stream's handles where the backend has one
+        self._crec = getattr(backend, "crec", None)
+        self._rec = self._record_c if self._crec is not None else self._record_direct
+        self._handle = getattr(backend, "handle", None) or (lambda ev: ev)
+        # () -> the stream's handle; without one, a C callable that gives None (no Python frame)
+        self._stream_id = getattr(backend, "stream_id", None) or type(None)
+        self._sraw = getattr(backend, "sraw", None)  # the stream handle the records go to
         self.seq = 0
         self.graphs = DraftGraphs(backend, clock)
         self.reader = Reader(backend, self.free, self.graphs, self.behind, pool=POOL)
@@ -172,7 +180,47 @@ class Profiler(GraphHooks, AcceptHooks, NullProfiler):
     # -- hot path: the hooks, each a few attribute writes and at most one event ----------
     def begin(self, kind, bs, ctx=None, steps=None):
         """A cycle of `bs` requests starts; `ctx`: the sum of their sequence lengths (KV tokens);
-        `steps`: the step count it runs at (read under --speculative-adaptive only)."""
+        `steps`: the step count it runs at (read under --speculative-adaptive only).
+
+        On 0.5.12 the GPU waits for the host from the cycle's start to its draft replay (it
+        synchronises there): a decode cycle after a decode cycle takes the slot the last `end`
+        made ready and records one event, with one C call; anything else (the first cycle, a
+        prefill, a changed stream, an adaptive step count, a cycle that never ended) goes the
+        long way (`_begin`)."""
+        s = self.next_slot
+        if s is None or kind != "decode" or self._stream_id() != self._sraw:
+            return self._begin(kind, bs, ctx, steps)
+        self.next_slot = None
+        try:
+            g = self.gate  # shut: the scheduler's thread has work of its own (Gate.shut, inline)
+            g.is_open = False
+            g.busy = True
+            crec = self._crec  # _record_c, inline
+            if crec is None:
+                self.backend.record(s.events[0])
+            elif crec(s.h[0], self._sraw):
+                raise RuntimeError("cuEventRecord failed (a cycle's first event)")
+            s.host[0] = self.clock()
+            s.bs = bs
+            seen = self._detail_seen
+            k = seen.get(bs, 0)
+            seen[bs] = k + 1
+            if k % self.phases_every and not self.detail_all:  # detail_all: the kernel sampler's cycles
+                s.detail = False
+            elif ctx is not None:  # a tensor's sum costs microseconds: the cycles timed by phase only
+                s.ctx = ctx if ctx.__class__ is int else context_tokens(ctx)
+            self.cur = s
+        except Exception as e:  # never take the server down
+            self._fail(e)
+
+    def _record_direct(self, s, n):
+        self.backend.record(s.events[n])
+
+    def _record_c(self, s, n):
+        if self._crec(s.h[n], self._sraw):
+            raise RuntimeError(f"cuEventRecord failed (event {n} of a cycle)")
+
+    def _begin(self, kind, bs, ctx=None, steps=None):
         if self.broken:
             return
         try:
@@ -188,21 +236,25 @@ class Profiler(GraphHooks, AcceptHooks, NullProfiler):
                 steps = None
             elif kind == "decode" and steps != self.last_steps:
                 self._switched(bs, steps)
-            free = self.free
-            if len(free) < BEHIND:  # the reader got no turn (or events do not complete)
-                self._hand_over()
-                if self.folder.reading_thread:
-                    self.folder.help()
-                if not free:  # every slot waits for its events: this cycle is not timed
-                    self.dropped += 1
-                    self.items.append(("lost", kind, steps))
-                    return
-            s = free.popleft()  # reset when it was given back
+            s = self.next_slot
+            if s is not None:  # made ready for a decode cycle; this one takes it, and its number
+                self.next_slot = None
+            else:
+                free = self.free
+                if len(free) < BEHIND:  # the reader got no turn (or events do not complete)
+                    self._hand_over()
+                    if self.folder.reading_thread:
+                        self.folder.help()
+                    if not free:  # every slot waits for its events: this cycle is not timed
+                        self.dropped += 1
+                        self.items.append(("lost", kind, steps))
+                        return
+                s = free.popleft()  # reset when it was given back
+                s.seq = seq = self.seq
+                self.seq = seq + 1
             s.kind = kind
             s.bs = bs
             s.steps = steps
-            s.seq = seq = self.seq
-            self.seq = seq + 1
             if kind != "decode" or self.detail_all:
                 if ctx is not None:
                     s.ctx = ctx if ctx.__class__ is int else context_tokens(ctx)
@@ -212,14 +264,14 @@ class Profiler(GraphHooks, AcceptHooks, NullProfiler):
                 seen[bs] = k + 1
                 if k % self.phases_every:
                     s.detail = False
-                elif ctx is not None:  # a tensor's sum costs microseconds: the cycles timed by phase only
+                elif ctx is not None:
                     s.ctx = ctx if ctx.__class__ is int else context_tokens(ctx)
             self.cur = s
             b = self.backend
-            b.refresh()
-            b.record(s.events[0])
+            self._sraw = b.refresh()  # the stream's handle (checked by the next cycles' `begin`)
+            self._rec(s, 0)
             s.host[0] = self.clock()
-            s.n = 1  # names[0] is "begin" in every slot
+            s.n = 1
         except Exception as e:  # never take the server down
             self._fail(e)
 
@@ -231,7 +283,11 @@ class Profiler(GraphHooks, AcceptHooks, NullProfiler):
                 if n == len(s.events):
                     self._record(s, name)  # grows the slot, or counts the mark as lost
                 else:
-                    self.backend.record(s.events[n])  # _record, inline: the hot path's most frequent call
+                    crec = self._crec  # _record, inline: the hot path's most frequent call
+                    if crec is None:
+                        self.backend.record(s.events[n])
+                    elif crec(s.h[n], self._sraw):
+                        raise RuntimeError("cuEventRecord failed")
                     s.host[n] = self.clock()
                     s.names[n] = name
                     s.n = n + 1
@@ -257,7 +313,11 @@ class Profiler(GraphHooks, AcceptHooks, NullProfiler):
         if not s.detail:  # the cycle's end: its last mark came just before (_record, inline)
             try:
                 n = s.n  # 1: no mark recorded (the slot holds FIRST_MARKS events)
-                self.backend.record(s.events[n])
+                crec = self._crec  # _record_c, inline
+                if crec is None:
+                    self.backend.record(s.events[n])
+                elif crec(s.h[n], self._sraw):
+                    raise RuntimeError("cuEventRecord failed (a cycle's last event)")
                 s.host[n] = self.clock()
                 s.names[n] = "end"
                 s.n = n + 1
@@ -274,6 +334,16 @@ class Profiler(GraphHooks, AcceptHooks, NullProfiler):
         items.append(("slot", s))
         if len(items) >= self.hand_over:
             self._hand_over()
+        # The next decode cycle's slot, taken from the pool here, where the host is ahead of the
+        # GPU, so that `begin` only records (when nothing odd is pending: else `_begin`)
+        if s.kind == "decode" and not (self.broken or self.adaptive or self.graphs.capturing is not None):
+            free = self.free
+            if len(free) >= BEHIND:
+                s = free.popleft()
+                s.seq = seq = self.seq
+                self.seq = seq + 1
+                s.n = 1  # names[0] is "begin" in every slot
+                self.next_slot = s
         if self.open_at_end:  # Gate.open, inline
             g = self.gate
             g.is_open = True
@@ -296,10 +366,12 @@ class Profiler(GraphHooks, AcceptHooks, NullProfiler):
             if n >= MAX_MARKS:
                 self.marks_lost += 1
                 return
-            s.events.append(self.backend.new_event())
+            ev = self.backend.new_event()
+            s.events.append(ev)
+            s.h.append(self._handle(ev))
             s.host.append(0.0)
             s.names.append(None)
-        self.backend.record(s.events[n])
+        self._rec(s, n)
         s.host[n] = self.clock()
         s.names[n] = name
         s.n = n + 1
@@ -378,6 +450,7 @@ class Profiler(GraphHooks, AcceptHooks, NullProfiler):
             return
         self.broken = True
         self.cur = None
+        self.next_slot = None
         k = self.reader.kernels
         if k is not None:
             k.shutdown()

@@ -27,12 +27,14 @@ def context_tokens(ctx):
 
 
 class Slot:
-    __slots__ = ("events", "host", "names", "n", "step_events", "ns", "kind", "bs", "ctx", "graph", "steps_key",
+    __slots__ = ("events", "h", "host", "names", "n", "step_events", "ns", "kind", "bs", "ctx", "graph", "steps_key",
                  "steps_replay", "steps_ms", "seq", "gc_ms", "span", "detail", "eager_steps", "replaying",
                  "replayed", "steps")
 
     def __init__(self, backend):
         self.events = [backend.new_event() for _ in range(FIRST_MARKS)]
+        handle = getattr(backend, "handle", None)  # what the backend's `crec` records, per event
+        self.h = [handle(e) for e in self.events] if handle is not None else list(self.events)
         self.host = [0.0] * FIRST_MARKS
         self.names: list = ["begin"] + [None] * (FIRST_MARKS - 1)  # the first mark is always the begin
         self.step_events: list = []
@@ -99,6 +101,7 @@ class Reader:
 
     def recycle(self, s):
         with self.graphs.lock:  # a replay may be reading the step times into it
+            self.graphs.forget(s)
             s.reset()
         self.free.append(s)
 
