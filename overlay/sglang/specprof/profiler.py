@@ -39,12 +39,15 @@ POOL = 256  # cycles in flight at most; beyond that the oldest is dropped and co
 BEHIND = POOL // 4  # free slots below which the scheduler's thread reads cycles itself
 # items held on the scheduler's thread before they go to a reader thread: about 64 cycles
 # (each hand-over wakes the reader, which then wants the GIL), 8 under the cost policy (its
-# figures come from the cycles read); read on the scheduler's thread (the server's way),
-# every cycle: what completed is read a cycle at a time, so no hand-over is a burst of reading
-# longer than the GPU's lead over the host (bench/hook_cost.py --wait-kind overlap)
+# figures come from the cycles read). Read on the scheduler's thread (the server's way): every
+# 16 cycles, what completed is read at once (bench/server_hooks on 0.5.12: `end`, where the
+# reading runs, took 61 us a cycle so against 119 us read a cycle at a time: the caches stay
+# warm for all but the first), at the cycle's end, where the GPU has the verify and the draft extend still to run;
+# a cycle at a time under the cost policy, which steers by the cycles read
 HAND_OVER = 128
 HAND_OVER_POLICY = 16
 HAND_OVER_INLINE = 32
+HAND_OVER_INLINE_POLICY = 2
 SWITCHES_KEPT = 256  # step-count changes a window keeps (--speculative-adaptive); beyond, counted
 
 
@@ -99,8 +102,9 @@ class Profiler(GraphHooks, AcceptHooks, NullProfiler):
         self.open_at_end = self.config.get("worker") != "v1"
         self.gate_open_mark = None if self.open_at_end else "verify"
         self.gate_shut_mark = None if self.open_at_end else "accept"
-        self.hand_over = (HAND_OVER_POLICY if self.config.get("adaptive") else HAND_OVER) \
-            if self.folder.reading_thread else HAND_OVER_INLINE
+        adaptive = self.config.get("adaptive")
+        self.hand_over = (HAND_OVER_POLICY if adaptive else HAND_OVER) if self.folder.reading_thread else (
+            HAND_OVER_INLINE_POLICY if adaptive else HAND_OVER_INLINE)
         self.items: list = []
         self.window_index = 0  # windows handed to the folder to close
         self.window_decode = 0  # decode cycles settled into the open window
