@@ -219,8 +219,34 @@ def upstream_op():
     hashlib.sha256(_OP_BUF).digest()
 
 
+class _Cold:
+    __slots__ = ("a",)
+
+    def __init__(self):
+        self.a = 1
+
+
+def polluter(kb):
+    """What upstream's work between two cycles does to the caches, roughly: reads through `kb`
+    KB of distinct small Python objects and writes a cache line in every 64 bytes of a buffer
+    as large, so the profiler's objects are out of the caches when the next `begin` runs (in
+    the server the hooks before the draft replay take about ten times what a tight loop gives)."""
+    objs = [_Cold() for _ in range(kb * 1024 // 56)]
+    buf = bytearray(kb * 1024)
+    ones = bytes(len(buf[::64]))
+
+    def pollute():
+        s = 0
+        for o in objs:
+            s += o.a
+        buf[::64] = ones
+        return s
+
+    return pollute
+
+
 def run(p, cycles, sync, bs=8, buckets=1, wait_s=0.0, ctx=None, wait=gpu_wait, launch=None, walls=None,
-        late=None, ops=0, head=None):
+        late=None, ops=0, head=None, pollute=None):
     """Microseconds inside the hooks for each cycle (the wait for the GPU not counted).
     `ctx(n)`: what `begin` is given as the batch's sequence lengths (default the number 8000).
     `launch`: a list that takes each cycle's share before the wait (begin, the marks, end: in
@@ -231,7 +257,8 @@ def run(p, cycles, sync, bs=8, buckets=1, wait_s=0.0, ctx=None, wait=gpu_wait, l
     A `wait` with a `launch` (OverlapWait) has each cycle's GPU work launched after `begin`.
     `head`: takes each cycle's time in `begin` and the first two marks (draft_prep, draft_inputs):
     the hooks before the draft graph's replay, where 0.5.12's GPU waits for the host (it
-    synchronises at each cycle's start; bench/host_sensitivity.py)."""
+    synchronises at each cycle's start; bench/host_sensitivity.py). `pollute`: called, untimed,
+    before each cycle's `begin` (`polluter`)."""
     gpu = getattr(wait, "launch", None)
     reqs = {n: [Req() for _ in range(n)] for n in BUCKET_BS}
     hooks = {n: hook_calls(p, n) for n in BUCKET_BS}
@@ -246,6 +273,8 @@ def run(p, cycles, sync, bs=8, buckets=1, wait_s=0.0, ctx=None, wait=gpu_wait, l
         rs = reqs[n]
         correct = [2] * n
         runs = (0, 0, 0)  # each request's verified run: its 2 correct drafts and the bonus
+        if pollute is not None:
+            pollute()
         t = clock()
         p.begin("decode", n, lens[n])
         if gpu is not None:  # the cycle's GPU work (not timed: upstream's launch)
@@ -338,6 +367,9 @@ def main():
     ap.add_argument("--ops", type=int, default=0, metavar="N",
                     help="after each mark, N calls that give the GIL up for a moment (upstream_op: about 3 us each), "
                     "as the scheduler's torch calls between two hooks do; a helper thread can take the GIL there")
+    ap.add_argument("--pollute-kb", type=int, default=0, metavar="KB",
+                    help="before each cycle (untimed), read KB of other Python objects and write as much memory: "
+                    "the hooks then find their own data out of the caches, as in a server")
     ap.add_argument("--cpu", action="store_true",
                     help="no GPU: events that cost nothing, so only the profiler's Python is timed")
     a = ap.parse_args()
@@ -381,7 +413,8 @@ def main():
     backend = make_backend(None)
     off = NullProfiler()
     ctx = a.ctx or ("number" if a.cpu else "tensor")
-    kw = dict(bs=a.bs, buckets=a.buckets, wait_s=a.wait_us / 1e6, ops=a.ops)
+    kw = dict(bs=a.bs, buckets=a.buckets, wait_s=a.wait_us / 1e6, ops=a.ops,
+              pollute=polluter(a.pollute_kb) if a.pollute_kb else None)
     if a.wait_kind in ("cuda", "overlap"):
         if a.cpu:
             ap.error(f"--wait-kind {a.wait_kind} needs a GPU (not --cpu)")
@@ -450,7 +483,8 @@ def main():
     out["before_wait_us"] = {k: round(statistics.median(v), 2) for k, v in before.items()}
     out["runs_us"] = {k: [round(x, 2) for x in v] for k, v in res.items()}
     out.update(device=device or "cpu", events=getattr(backend, "kind", "none"), threaded=mode, wait_us=a.wait_us,
-               wait_kind=a.wait_kind, buckets=a.buckets, bs=a.bs, phases_every=a.phases_every, ctx=ctx, ops=a.ops)
+               wait_kind=a.wait_kind, buckets=a.buckets, bs=a.bs, phases_every=a.phases_every, ctx=ctx, ops=a.ops,
+               pollute_kb=a.pollute_kb)
     print(json.dumps(out))
 
 
