@@ -843,6 +843,11 @@ def test_a_fifo_as_output_is_refused_at_startup(tmp_path):
 HOT_PATH_CALLS = 20  # 18.3 at the time of writing, timed by phase or not (the gate's and end's writes inline)
 # ... with the reading and folding there too (the server's threaded="outputs"), per phases_every
 HOT_PATH_READING_CALLS = {1: 78, 4: 60}  # 73.4 and 56.6 at the time of writing (75.4 and 59.4 before a cycle's stall check was a loop)
+# ... and the lines of the profiler's code they run, [reader thread][phases_every]: 290.5 and
+# 223.0 with a reader thread, 861.7 and 576.2 reading there, at the time of writing (267.4,
+# 218.2, 844.9 and 577.7 when `begin` did the slot's bookkeeping that `end` does now for the
+# next cycle: off 0.5.12's critical path, not less of it)
+HOT_PATH_LINES = {True: {1: 300, 4: 232}, False: {1: 880, 4: 592}}
 
 
 class CountingBackend(FakeBackend):
@@ -904,21 +909,30 @@ def test_the_hot_path_stays_small(every, most, records, mode):
     cycles(300)
     assert p.flush()
     calls = [0]
+    lines = [0]
     here = ("/sglang/specprof/", "/sglang_specprof/")
+
+    def in_frame(frame, event, arg):
+        if event == "line":
+            lines[0] += 1
+        return in_frame
 
     def count(frame, event, arg):
         if event == "call" and any(h in frame.f_code.co_filename for h in here):
             calls[0] += 1
+            return in_frame
+        return None
 
     b.ops.clear()
-    sys.setprofile(count)
+    sys.settrace(count)
     try:
         cycles(200)
     finally:
-        sys.setprofile(None)
+        sys.settrace(None)
     assert p.flush()
     per = calls[0] / 200
-    print(f"{per:.1f} profiler calls a cycle on the scheduler's thread")
+    print(f"{per:.1f} profiler calls and {lines[0] / 200:.1f} lines a cycle on the scheduler's thread")
+    assert lines[0] / 200 <= HOT_PATH_LINES[mode is True][every], f"{lines[0] / 200:.1f} profiler lines a cycle"
     assert per <= most, f"{per:.1f} profiler calls a cycle on the scheduler's thread"
     # the scheduler's thread records the events (12 a cycle timed phase by phase, 2 one timed
     # whole); the reader reads them, every one (the server's way: the scheduler's thread)
@@ -932,13 +946,13 @@ def test_the_hot_path_stays_small(every, most, records, mode):
 # Python calls into the profiler, and lines of it run, in the hooks before the draft graph's
 # replay (begin, the draft_prep mark, draft_replay_begin), where 0.5.12's GPU waits for the
 # host: each of their microseconds is one of the cycle's (bench/host_sensitivity.py). At the
-# time of writing: 4.0 calls and 61 lines a cycle timed by phase (every=1), 3.25 and 36.25 with
-# one cycle in four timed by phase (a cycle timed whole: 3 calls, 28 lines; 4 calls and 48
-# lines before `begin` took a slot made ready at the last `end` and a replay with no step
-# times waiting was only counted; 7.0 and 5.5 calls before draft_replay_begin's record and
-# graph key were written inline).
-HEAD_CALLS = {1: 4.0, 4: 3.25}
-HEAD_LINES = {1: 62, 4: 38}
+# time of writing: 3 calls and 46 lines a cycle timed by phase (every=1), 3 and 28.75 with one
+# cycle in four timed by phase (a cycle timed whole: 3 calls, 23 lines). Before, 4 calls and
+# 61 lines timed by phase, 4 and 48 timed whole, when `begin` took a slot from the pool and
+# decided its detail itself and every replay was keyed before its launch; 7.0 and 5.5 calls
+# before draft_replay_begin's record and graph key were written inline.
+HEAD_CALLS = {1: 3.0, 4: 3.0}
+HEAD_LINES = {1: 47, 4: 30}
 
 
 @pytest.mark.parametrize("every", [1, 4])

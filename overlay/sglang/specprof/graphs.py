@@ -85,6 +85,34 @@ class DraftGraphs:
                 self.watched += 1
                 self.last_replay[key] = s
 
+    def before_replay(self, key) -> None:
+        """`replay`'s first half, where the cycle's own slot is registered after the launch
+        (`took`): the previous replay's step times, read now if they still wait."""
+        if key not in self.step_events:
+            return
+        with self.lock:
+            prev = self.last_replay.get(key)
+            if prev is not None and prev.steps_key == key and prev.steps_replay == self.replays.get(key, 0) \
+                    and prev.steps_ms is None:
+                self.read_late += 1
+                self._read(prev)
+
+    def took(self, key, s) -> None:
+        """`replay`'s second half, just after the launch: the replay of `key` is counted and
+        `s` takes it (nothing else replays between the two on the scheduler's thread)."""
+        if key not in self.step_events:
+            return
+        with self.lock:
+            n = self.replays.get(key, 0) + 1
+            self.replays[key] = n
+            if s.steps_key is not None and s.steps_ms is None:  # a second replay in one cycle
+                self.watched -= 1
+            s.steps_key = key
+            s.steps_replay = n
+            s.steps_ms = None
+            self.watched += 1
+            self.last_replay[key] = s
+
     def read_done(self, s) -> None:
         """At the end of the cycle `s`: its replay's step times, if the GPU has run that
         replay already (one query, no wait). The next replay then finds nothing to read, and it
@@ -189,7 +217,9 @@ class GraphHooks:
     def draft_replay_begin(self, runner, bs, variant=None):
         """Just before a draft graph replay, its inputs copied and its attention metadata set:
         closes `draft_inputs` (that preparation), so that `draft` holds the replay alone, and
-        reads the step times of this graph's previous replay."""
+        reads the step times of this graph's previous replay if they still wait. Where no
+        other thread reads the step times (`defer_replay`: the server's v2), the cycle's slot
+        takes the replay just after its launch, in draft_replay_end, off 0.5.12's critical path."""
         s = self.cur
         if s is None or not s.detail:  # its steps are not read: the replay is counted, nothing kept
             g = self.graphs
@@ -212,6 +242,12 @@ class GraphHooks:
                     else:
                         self._record(s, "draft_inputs")
                     s.replaying = True
+                    if self.defer_replay:  # the slot takes the replay after its launch (draft_replay_end)
+                        key = s.replay_key = (id(runner), bs, variant)  # DraftGraphs.key, inline
+                        g = self.graphs
+                        if g.watched:
+                            g.before_replay(key)
+                        return
                 else:  # its steps are not read: the replay is counted, nothing kept
                     s = None
             self.graphs.replay((id(runner), bs, variant), s)  # DraftGraphs.key, inline
@@ -227,5 +263,9 @@ class GraphHooks:
             s.replaying = False
             s.replayed = True
             self._record(s, "draft")
+            key = s.replay_key
+            if key is not None:
+                s.replay_key = None
+                self.graphs.took(key, s)
         except Exception as e:
             self._fail(e)

@@ -76,6 +76,7 @@ class KernelSampler:
             self.state = "armed"
             p = self.p
             p.detail_all = True  # the sampled cycles timed phase by phase, to set beside their kernels
+            p._decide_next(count=False)  # the slot made ready for the next cycle too
             p.begin = self._begin
 
     def _annotate(self, name: str) -> None:

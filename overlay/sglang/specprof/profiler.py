@@ -103,6 +103,8 @@ class Profiler(GraphHooks, AcceptHooks, NullProfiler):
         self.gate_open_mark = None if self.open_at_end else "verify"
         self.gate_shut_mark = None if self.open_at_end else "accept"
         adaptive = self.config.get("adaptive")
+        # no reader thread: a replay's slot can be registered after the launch (graphs.py)
+        self.defer_replay = not self.folder.reading_thread
         self.hand_over = (HAND_OVER_POLICY if adaptive else HAND_OVER) if self.folder.reading_thread else (
             HAND_OVER_INLINE_POLICY if adaptive else HAND_OVER_INLINE)
         self.items: list = []
@@ -187,12 +189,13 @@ class Profiler(GraphHooks, AcceptHooks, NullProfiler):
         `steps`: the step count it runs at (read under --speculative-adaptive only).
 
         On 0.5.12 the GPU waits for the host from the cycle's start to its draft replay (it
-        synchronises there): a decode cycle after a decode cycle takes the slot the last `end`
-        made ready and records one event, with one C call; anything else (the first cycle, a
-        prefill, a changed stream, an adaptive step count, a cycle that never ended) goes the
-        long way (`_begin`)."""
+        synchronises there): a decode cycle after a decode cycle of the same batch size takes
+        the slot the last `end` made ready (numbered, and decided whether it is timed by phase)
+        and records one event, with one C call; anything else (the first cycle, a prefill,
+        another batch size, a changed stream, an adaptive step count, a cycle that never ended)
+        goes the long way (`_begin`)."""
         s = self.next_slot
-        if s is None or kind != "decode" or self._stream_id() != self._sraw:
+        if s is None or bs != s.bs or kind != "decode" or self._stream_id() != self._sraw:
             return self._begin(kind, bs, ctx, steps)
         self.next_slot = None
         try:
@@ -205,17 +208,25 @@ class Profiler(GraphHooks, AcceptHooks, NullProfiler):
             elif crec(s.h[0], self._sraw):
                 raise RuntimeError("cuEventRecord failed (a cycle's first event)")
             s.host[0] = self.clock()
-            s.bs = bs
-            seen = self._detail_seen
-            k = seen.get(bs, 0)
-            seen[bs] = k + 1
-            if k % self.phases_every and not self.detail_all:  # detail_all: the kernel sampler's cycles
-                s.detail = False
-            elif ctx is not None:  # a tensor's sum costs microseconds: the cycles timed by phase only
+            if s.detail and ctx is not None:  # a tensor's sum costs microseconds: the cycles timed by phase only
                 s.ctx = ctx if ctx.__class__ is int else context_tokens(ctx)
             self.cur = s
         except Exception as e:  # never take the server down
             self._fail(e)
+
+    def _decide_next(self, count=True):
+        """Whether the slot made ready is timed by phase, for the batch size it is ready for;
+        again after the window's counts were cleared (`count`) or the kernel sampler asked for
+        every phase."""
+        s = self.next_slot
+        if s is not None:
+            if count:
+                seen = self._detail_seen
+                k = seen.get(s.bs, 0)
+                seen[s.bs] = k + 1
+                s.detail = not k % self.phases_every or self.detail_all
+            elif self.detail_all:
+                s.detail = True
 
     def _record_direct(self, s, n):
         self.backend.record(s.events[n])
@@ -243,6 +254,10 @@ class Profiler(GraphHooks, AcceptHooks, NullProfiler):
             s = self.next_slot
             if s is not None:  # made ready for a decode cycle; this one takes it, and its number
                 self.next_slot = None
+                seen = self._detail_seen
+                if seen.get(s.bs, 0) > 0:  # its count, taken back: this cycle is counted as it is
+                    seen[s.bs] -= 1
+                s.detail = True
             else:
                 free = self.free
                 if len(free) < BEHIND:  # the reader got no turn (or events do not complete)
@@ -343,11 +358,19 @@ class Profiler(GraphHooks, AcceptHooks, NullProfiler):
         if s.kind == "decode" and not (self.broken or self.adaptive or self.graphs.capturing is not None):
             free = self.free
             if len(free) >= BEHIND:
-                s = free.popleft()
-                s.seq = seq = self.seq
+                nxt = free.popleft()
+                nxt.seq = seq = self.seq
                 self.seq = seq + 1
-                s.n = 1  # names[0] is "begin" in every slot
-                self.next_slot = s
+                nxt.n = 1  # names[0] is "begin" in every slot
+                # ready for a cycle of this one's batch size (another takes the long way), and
+                # counted for it now: whether it is timed by phase (_decide_next, inline)
+                nxt.bs = bs = s.bs
+                seen = self._detail_seen
+                k = seen.get(bs, 0)
+                seen[bs] = k + 1
+                if k % self.phases_every and not self.detail_all:
+                    nxt.detail = False
+                self.next_slot = nxt
         if self.open_at_end:  # Gate.open, inline
             g = self.gate
             g.is_open = True
@@ -405,6 +428,7 @@ class Profiler(GraphHooks, AcceptHooks, NullProfiler):
             self.switches_over = 0
         self._hand_over()
         self._detail_seen.clear()  # each batch size's first cycle in the next window: timed by phase
+        self._decide_next()  # the slot made ready at the last end, for the next window
         k = self.reader.kernels
         if k is not None:
             k.window_closed(self.window_index)

@@ -28,7 +28,7 @@ def context_tokens(ctx):
 
 class Slot:
     __slots__ = ("events", "h", "host", "names", "n", "step_events", "ns", "kind", "bs", "ctx", "graph", "steps_key",
-                 "steps_replay", "steps_ms", "seq", "gc_ms", "span", "detail", "eager_steps", "replaying",
+                 "steps_replay", "steps_ms", "replay_key", "seq", "gc_ms", "span", "detail", "eager_steps", "replaying",
                  "replayed", "steps")
 
     def __init__(self, backend):
@@ -51,6 +51,7 @@ class Slot:
         self.steps_key = None  # the draft graph whose replay this cycle ran (graphs.py)
         self.steps_replay = -1
         self.steps_ms = None
+        self.replay_key = None  # the draft graph whose replay it launched, until draft_replay_end
         self.eager_steps = False  # its draft steps were recorded eagerly, in step_events
         self.replaying = False  # between a draft graph replay's begin and end
         self.replayed = False  # a draft graph replay closed `draft`: what follows it is draft_outputs
