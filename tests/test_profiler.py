@@ -840,13 +840,15 @@ def test_a_fifo_as_output_is_refused_at_startup(tmp_path):
 # Python calls into the profiler's own code per v2 decode cycle of 8 requests on the
 # scheduler's thread (the hooks and the commit; the reader thread reads the events), counted at the time of writing
 # plus a margin: a change that makes the hot path do more fails here, on any machine.
-HOT_PATH_CALLS = 20  # 18.3 at the time of writing, timed by phase or not (the gate's and end's writes inline)
+HOT_PATH_CALLS = 20  # 18.1 at the time of writing, timed by phase or not (the gate's and end's writes inline)
 # ... with the reading and folding there too (the server's threaded="outputs"), per phases_every
-HOT_PATH_READING_CALLS = {1: 78, 4: 60}  # 73.4 and 56.6 at the time of writing (75.4 and 59.4 before a cycle's stall check was a loop)
+HOT_PATH_READING_CALLS = {1: 78, 4: 60}  # 71.7 and 54.8 at the time of writing (75.4 and 59.4 before a cycle's stall check was a loop)
 # ... and the lines of the profiler's code they run, [reader thread][phases_every]: 290.5 and
 # 223.0 with a reader thread, 861.7 and 576.2 reading there, at the time of writing (267.4,
 # 218.2, 844.9 and 577.7 when `begin` did the slot's bookkeeping that `end` does now for the
-# next cycle: off 0.5.12's critical path, not less of it)
+# next cycle: off 0.5.12's critical path, not less of it). Fewer lines are not always less
+# time: the commit hooks reading the batch through map/attrgetter ran 56 fewer lines a cycle
+# of 8 and took 2.9 us more (bench/hook_cost.py --pollute-kb 4096, paired), so not kept.
 HOT_PATH_LINES = {True: {1: 300, 4: 232}, False: {1: 880, 4: 592}}
 
 
