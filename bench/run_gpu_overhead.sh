@@ -10,8 +10,9 @@ rel=${1:?usage: bench/run_gpu_overhead.sh RELEASE OUT_DIR [overhead.py args...]}
 scratch=$(mktemp -d)
 bundle=.gpu-bundle/site-$rel.tar.xz
 mkdir -p "$scratch/patched" "$scratch/upstream"
-tar -C "$scratch/patched" -xJf "$bundle"
-if [ -f "$scratch/patched/sglang/__init__.py" ]; then
+# the bundle bench/repack_bundle.sh made (the wheel inside) needs no separate site archive
+[ -f "$bundle" ] && tar -C "$scratch/patched" -xJf "$bundle"
+if [ -f "$scratch/patched/sglang/__init__.py" ] && [ ! -f ".gpu-bundle/site-$rel-wheel.tar.xz" ]; then
   cp -r "$scratch/patched/sglang" "$scratch/upstream/sglang"
   python3 build.py -q --sglang "$rel" --into "$scratch/patched"
 else
