@@ -38,6 +38,9 @@ class FakeBackend:
     def refresh(self):
         pass
 
+    def stream_id(self):
+        return None  # one stream: refresh() returns its handle, None
+
     def record(self, ev):
         self.records += 1
         ev.t = self.gpu

@@ -249,6 +249,20 @@ def test_exception_at_every_hook_point_disables_with_one_warning(method, monkeyp
     assert len([r for r in caplog.records if "disabled" in r.getMessage()]) == 1
 
 
+def test_a_stream_check_that_raises_disables_with_one_warning(monkeypatch, caplog):
+    """The profiler keeps the backend's `stream_id` (read at each cycle's end): one that raises
+    there disables it like any other backend call."""
+    b = Faulty()
+    b.method = "stream_id"  # before the profiler takes it
+    monkeypatch.setattr(hooks, "P", Profiler(b, interval=5, clock=b.clock, log_table=False, on_error=hooks.disable))
+    monkeypatch.setitem(hooks._state, "warned", False)
+    with caplog.at_level("WARNING", logger="sglang.specprof"):
+        got = serve(30, b)
+    assert got == list(range(0, 90, 3))
+    assert isinstance(hooks.P, NullProfiler)
+    assert len([r for r in caplog.records if "disabled" in r.getMessage()]) == 1
+
+
 def test_jsonl_path_unwritable_at_start_is_an_error(tmp_path):
     ro = tmp_path / "ro"
     ro.mkdir()

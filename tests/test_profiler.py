@@ -1365,3 +1365,47 @@ def test_a_window_makes_no_random_generator_until_a_reservoir_fills(monkeypatch)
             if j < window.SAMPLES_PER_SERIES:
                 ref[j] = x
     assert s.samples == ref and s.n == len(xs) and s.max == max(xs)
+
+
+class StreamsBackend(FakeBackend):
+    """A fake GPU with streams: events go to the stream of the last refresh(); one recorded on
+    a stream the work no longer runs on completes at once, with no time of the work's (0.0)."""
+
+    def __init__(self):
+        super().__init__()
+        self.current = 1  # the stream the worker runs on
+        self.on = None  # the stream the records go to
+        self.refreshes = 0
+
+    def stream_id(self):
+        return self.current
+
+    def refresh(self):
+        self.refreshes += 1
+        self.on = self.current
+        return self.on
+
+    def record(self, ev):
+        super().record(ev)
+        if self.on != self.current:
+            ev.t = 0.0
+
+
+def test_a_cycle_recorded_on_a_stream_the_worker_left_is_dropped_not_timed_wrong():
+    """`begin` records on the stream the cycles before ran on and `end` checks it: the cycle
+    after the worker moved to another stream is dropped (one, and only it), the next one starts
+    on the new stream, and no cycle's time holds the other stream's."""
+    b = StreamsBackend()
+    out = []
+    p = Profiler(b, interval=10, sink=out.append, config={"num_steps": 3}, clock=b.clock, log_table=False)
+    for i in range(11):
+        if i == 4:
+            b.current = 2  # between two cycles the worker's stream changes
+        run_cycle(p, b)
+    (s,) = out
+    bucket = s["buckets"]["1"]
+    assert s["dropped_cycles"] == 1
+    assert bucket["cycles"] == 9  # 10 lists settle 10 cycles: the dropped one among them, untimed
+    whole = sum(ms for _, ms in PHASES)
+    assert bucket["cycle_gpu_ms"]["mean"] == pytest.approx(whole) and bucket["cycle_gpu_ms"]["max"] == pytest.approx(whole)
+    assert b.refreshes == 3  # the first cycle's, at the change, the next cycle's long way: not one a cycle

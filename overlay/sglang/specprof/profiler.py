@@ -191,11 +191,11 @@ class Profiler(GraphHooks, AcceptHooks, NullProfiler):
         On 0.5.12 the GPU waits for the host from the cycle's start to its draft replay (it
         synchronises there): a decode cycle after a decode cycle of the same batch size takes
         the slot the last `end` made ready (numbered, and decided whether it is timed by phase)
-        and records one event, with one C call; anything else (the first cycle, a prefill,
-        another batch size, a changed stream, an adaptive step count, a cycle that never ended)
-        goes the long way (`_begin`)."""
+        and records one event, with one C call, on the stream the cycles before ran on (`end`
+        checks it); anything else (the first cycle, a prefill, another batch size, a changed
+        stream, an adaptive step count, a cycle that never ended) goes the long way (`_begin`)."""
         s = self.next_slot
-        if s is None or bs != s.bs or kind != "decode" or self._stream_id() != self._sraw:
+        if s is None or bs != s.bs or kind != "decode":
             return self._begin(kind, bs, ctx, steps)
         self.next_slot = None
         try:
@@ -329,6 +329,14 @@ class Profiler(GraphHooks, AcceptHooks, NullProfiler):
         if s is None:
             return
         self.cur = None
+        try:
+            moved = self._stream_id() != self._sraw  # the worker's stream is not the one its events went to
+        except Exception as e:
+            self._fail(e)
+            return
+        if moved:
+            self._stream_changed(s)
+            return
         if not s.detail:  # the cycle's end: its last mark came just before (_record, inline)
             try:
                 n = s.n  # 1: no mark recorded (the slot holds FIRST_MARKS events)
@@ -377,6 +385,28 @@ class Profiler(GraphHooks, AcceptHooks, NullProfiler):
             if g.waiting:
                 g.waiting = False
                 g._ev.set()
+
+    def _stream_changed(self, s):
+        """At a cycle's end the worker runs on another stream than the one its events were
+        recorded on (`begin` took the stream of the cycles before: the check is here, off
+        0.5.12's critical path, since `begin` and `end` run on one stream): the cycle is not
+        timed, and the next one starts the long way, on the stream there is now."""
+        try:
+            self.dropped += 1
+            self.items.append(("lost", s.kind, s.steps))
+            self.reader.recycle(s)
+            self._sraw = self.backend.refresh()
+            n = self.next_slot
+            if n is not None:  # made ready for the stream before: back to the pool
+                self.next_slot = None
+                seen = self._detail_seen
+                if seen.get(n.bs, 0) > 0:
+                    seen[n.bs] -= 1
+                self.reader.recycle(n)
+        except Exception as e:
+            self._fail(e)
+        if self.open_at_end:
+            self.gate.open()
 
     def _switched(self, bs, steps):
         old, self.last_steps = self.last_steps, steps
