@@ -21,11 +21,12 @@ from sglang_specprof.report import marks_added  # noqa: E402
 
 def main():
     path = sys.argv[1]
-    rows, graphs = {}, {}
+    rows, graphs, last = {}, {}, {}
     with (lzma.open if path.endswith(".xz") else open)(path, "rt") as f:
         for line in f:
             w = json.loads(line)
             graphs = w.get("graphs", graphs)
+            last = w
             for key, b in w.get("buckets", {}).items():
                 n, nd = b.get("cycle_gpu_ms", {}).get("n", 0), b.get("phase_cycle_gpu_ms", {}).get("n", 0)
                 added = marks_added(b)
@@ -44,6 +45,11 @@ def main():
         }
     out["draft_replays"] = graphs.get("draft_replays")
     out["steps_read_late"] = graphs.get("steps_read_late")
+    # the last window's counts since start: cycles run against cycles timed
+    totals = last.get("totals", {})
+    out["decode_cycles"] = totals.get("decode_cycles")
+    out["phase_cycles"] = totals.get("phase_cycles")
+    out["dropped_cycles"] = last.get("dropped_cycles")
     print(json.dumps(out))
 
 
