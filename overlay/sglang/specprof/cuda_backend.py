@@ -29,8 +29,8 @@ class TorchEvents:
     def __init__(self):
         self.device = torch.cuda.current_device()
         raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-        # a C call a cycle (no Python frame of its own): refresh() runs in `begin`, which on
-        # 0.5.12 is where the GPU waits for the host (bench/host_sensitivity.py)
+        # a C call a cycle (no Python frame of its own): `stream_id` runs at each cycle's end,
+        # off 0.5.12's critical path (begin to the draft replay: bench/host_sensitivity.py)
         self._raw = functools.partial(raw, self.device) if raw is not None else (
             lambda: torch.cuda.current_stream().cuda_stream)
         self._streams: dict = {}
@@ -51,8 +51,8 @@ class TorchEvents:
         return event
 
     def refresh(self):
-        """The stream the worker runs on now (the scheduler's forward stream): a cycle's first
-        hook calls it where `stream_id()` changed since. Returns that stream's handle."""
+        """The stream the worker runs on now (the scheduler's forward stream): the long way of
+        `begin` calls it, and `end` where `stream_id()` changed. Returns that stream's handle."""
         raw = self._raw()
         s = self._streams.get(raw)
         if s is None:

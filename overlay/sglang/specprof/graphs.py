@@ -66,24 +66,16 @@ class DraftGraphs:
     def replay(self, key, s):
         """Just before a replay of `key`: the previous replay's step times are read now, before
         this one rewrites them; `s` (the cycle's slot, or None when its steps are not kept)
-        takes this replay."""
+        takes this replay. Its two halves (`before_replay`, `took`) run on either side of the
+        launch where no other thread reads step times."""
         if key not in self.step_events:
             return
-        with self.lock:
-            prev = self.last_replay.get(key)
-            n = self.replays.get(key, 0)
-            if prev is not None and prev.steps_key == key and prev.steps_replay == n and prev.steps_ms is None:
-                self.read_late += 1
-                self._read(prev)
-            self.replays[key] = n + 1
-            if s is not None:
-                if s.steps_key is not None and s.steps_ms is None:  # a second replay in one cycle
-                    self.watched -= 1
-                s.steps_key = key
-                s.steps_replay = n + 1
-                s.steps_ms = None
-                self.watched += 1
-                self.last_replay[key] = s
+        self.before_replay(key)
+        if s is not None:
+            self.took(key, s)
+        else:
+            with self.lock:
+                self.replays[key] = self.replays.get(key, 0) + 1
 
     def before_replay(self, key) -> None:
         """`replay`'s first half, where the cycle's own slot is registered after the launch
@@ -98,8 +90,8 @@ class DraftGraphs:
                 self._read(prev)
 
     def took(self, key, s) -> None:
-        """`replay`'s second half, just after the launch: the replay of `key` is counted and
-        `s` takes it (nothing else replays between the two on the scheduler's thread)."""
+        """`replay`'s second half (just after the launch where it is deferred): the replay of
+        `key` is counted and `s` takes it (nothing else replays between the two halves)."""
         if key not in self.step_events:
             return
         with self.lock:

@@ -228,6 +228,17 @@ class Profiler(GraphHooks, AcceptHooks, NullProfiler):
             elif self.detail_all:
                 s.detail = True
 
+    def _take_ready(self):
+        """The slot the last `end` made ready, taken back from there with the count `end` gave
+        its batch size (the cycle that takes it is counted as it is), or None."""
+        s = self.next_slot
+        if s is not None:
+            self.next_slot = None
+            seen = self._detail_seen
+            if seen.get(s.bs, 0) > 0:
+                seen[s.bs] -= 1
+        return s
+
     def _record_direct(self, s, n):
         self.backend.record(s.events[n])
 
@@ -251,12 +262,8 @@ class Profiler(GraphHooks, AcceptHooks, NullProfiler):
                 steps = None
             elif kind == "decode" and steps != self.last_steps:
                 self._switched(bs, steps)
-            s = self.next_slot
+            s = self._take_ready()
             if s is not None:  # made ready for a decode cycle; this one takes it, and its number
-                self.next_slot = None
-                seen = self._detail_seen
-                if seen.get(s.bs, 0) > 0:  # its count, taken back: this cycle is counted as it is
-                    seen[s.bs] -= 1
                 s.detail = True
             else:
                 free = self.free
@@ -287,7 +294,7 @@ class Profiler(GraphHooks, AcceptHooks, NullProfiler):
                     s.ctx = ctx if ctx.__class__ is int else context_tokens(ctx)
             self.cur = s
             b = self.backend
-            self._sraw = b.refresh()  # the stream's handle (checked by the next cycles' `begin`)
+            self._sraw = b.refresh()  # the stream's handle (each cycle's `end` checks it)
             self._rec(s, 0)
             s.host[0] = self.clock()
             s.n = 1
@@ -396,12 +403,8 @@ class Profiler(GraphHooks, AcceptHooks, NullProfiler):
             self.items.append(("lost", s.kind, s.steps))
             self.reader.recycle(s)
             self._sraw = self.backend.refresh()
-            n = self.next_slot
+            n = self._take_ready()
             if n is not None:  # made ready for the stream before: back to the pool
-                self.next_slot = None
-                seen = self._detail_seen
-                if seen.get(n.bs, 0) > 0:
-                    seen[n.bs] -= 1
                 self.reader.recycle(n)
         except Exception as e:
             self._fail(e)
