@@ -843,13 +843,33 @@ def test_a_fifo_as_output_is_refused_at_startup(tmp_path):
 HOT_PATH_CALLS = 20  # 18.1 at the time of writing, timed by phase or not (the gate's and end's writes inline)
 # ... with the reading and folding there too (the server's threaded="outputs"), per phases_every
 HOT_PATH_READING_CALLS = {1: 78, 4: 60}  # 71.7 and 54.8 at the time of writing (75.4 and 59.4 before a cycle's stall check was a loop)
-# ... and the lines of the profiler's code they run, [reader thread][phases_every]: 290.5 and
-# 223.0 with a reader thread, 861.7 and 576.2 reading there, at the time of writing (267.4,
+# ... and the lines of the profiler's code they run, [reader thread][phases_every]: 293.5 and
+# 226.0 with a reader thread, 864.7 and 579.2 reading there, at the time of writing (3 of them
+# the stream check at each cycle's end; 267.4,
 # 218.2, 844.9 and 577.7 when `begin` did the slot's bookkeeping that `end` does now for the
 # next cycle: off 0.5.12's critical path, not less of it). Fewer lines are not always less
 # time: the commit hooks reading the batch through map/attrgetter ran 56 fewer lines a cycle
 # of 8 and took 2.9 us more (bench/hook_cost.py --pollute-kb 4096, paired), so not kept.
 HOT_PATH_LINES = {True: {1: 300, 4: 232}, False: {1: 880, 4: 592}}
+
+
+def profiler_tracer(here, on=lambda: True):
+    """A `sys.settrace` function that counts the calls into files under `here` (while `on()`)
+    and the lines run in them; returns it and the counts ({"calls", "lines"})."""
+    got = {"calls": 0, "lines": 0}
+
+    def in_frame(frame, event, arg):
+        if event == "line":
+            got["lines"] += 1
+        return in_frame
+
+    def count(frame, event, arg):
+        if on() and event == "call" and any(h in frame.f_code.co_filename for h in here):
+            got["calls"] += 1
+            return in_frame
+        return None
+
+    return count, got
 
 
 class CountingBackend(FakeBackend):
@@ -910,21 +930,7 @@ def test_the_hot_path_stays_small(every, most, records, mode):
 
     cycles(300)
     assert p.flush()
-    calls = [0]
-    lines = [0]
-    here = ("/sglang/specprof/", "/sglang_specprof/")
-
-    def in_frame(frame, event, arg):
-        if event == "line":
-            lines[0] += 1
-        return in_frame
-
-    def count(frame, event, arg):
-        if event == "call" and any(h in frame.f_code.co_filename for h in here):
-            calls[0] += 1
-            return in_frame
-        return None
-
+    count, got = profiler_tracer(("/sglang/specprof/", "/sglang_specprof/"))
     b.ops.clear()
     sys.settrace(count)
     try:
@@ -932,9 +938,9 @@ def test_the_hot_path_stays_small(every, most, records, mode):
     finally:
         sys.settrace(None)
     assert p.flush()
-    per = calls[0] / 200
-    print(f"{per:.1f} profiler calls and {lines[0] / 200:.1f} lines a cycle on the scheduler's thread")
-    assert lines[0] / 200 <= HOT_PATH_LINES[mode is True][every], f"{lines[0] / 200:.1f} profiler lines a cycle"
+    per, lines = got["calls"] / 200, got["lines"] / 200
+    print(f"{per:.1f} profiler calls and {lines:.1f} lines a cycle on the scheduler's thread")
+    assert lines <= HOT_PATH_LINES[mode is True][every], f"{lines:.1f} profiler lines a cycle"
     assert per <= most, f"{per:.1f} profiler calls a cycle on the scheduler's thread"
     # the scheduler's thread records the events (12 a cycle timed phase by phase, 2 one timed
     # whole); the reader reads them, every one (the server's way: the scheduler's thread)
@@ -966,20 +972,8 @@ def test_the_hooks_before_the_draft_replay_stay_few(every):
                  threaded="outputs", phases_every=every)
     key = ("g", 8)
     evs = captured_graph(p, b, key, 3)
-    calls = [0]
-    lines = [0]
     counting = [False]
-
-    def in_frame(frame, event, arg):
-        if event == "line":
-            lines[0] += 1
-        return in_frame
-
-    def count(frame, event, arg):
-        if counting[0] and event == "call" and "/sglang/specprof/" in frame.f_code.co_filename:
-            calls[0] += 1
-            return in_frame
-        return None
+    count, got = profiler_tracer(("/sglang/specprof/",), lambda: counting[0])
 
     def cycles(n, counted):
         for _ in range(n):
@@ -1008,9 +1002,9 @@ def test_the_hooks_before_the_draft_replay_stay_few(every):
         cycles(400, True)
     finally:
         sys.settrace(None)
-    per = calls[0] / 400
+    per, lines = got["calls"] / 400, got["lines"] / 400
     assert per <= HEAD_CALLS[every], f"{per:.2f} profiler calls a cycle before the draft replay"
-    assert lines[0] / 400 <= HEAD_LINES[every], f"{lines[0] / 400:.2f} profiler lines a cycle before the draft replay"
+    assert lines <= HEAD_LINES[every], f"{lines:.2f} profiler lines a cycle before the draft replay"
     assert p.flush() and p.steps_lost == 0 and p.graphs.read_late == 0  # every replay read at its cycle's end
     assert p.totals_now()["decode_cycles"] == 700
 
