@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import os
 import re
 import shlex
@@ -45,7 +46,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpu_models import write_models  # noqa: E402
-from serving import (eagle3_args, installed_sglang, http, interleaved_runs, load, machine, median_ci,  # noqa: E402
+from serving import (GpuClocks, eagle3_args, installed_sglang, http, interleaved_runs, load, machine, median_ci,  # noqa: E402
                      out_of_time, pin_schedulers, portable_command, quartiles, rotations, start_all,
                      stop_all, tok_s, write_json)
 
@@ -64,7 +65,7 @@ def scheduler_pids(log_path, timeout=30.0):
     raise SystemExit(f"no scheduler follows {PAUSE_SIGNAL} (see {log_path})")
 
 
-def paused_runs(port, pids, concurrency, new_tokens, rounds, budget=None, upstream=None):
+def paused_runs(port, pids, concurrency, new_tokens, rounds, budget=None, upstream=None, log=None):
     """Tokens/s of one server with its profiler on and paused, alternating which runs first;
     with `upstream` (a port), unpatched SGLang's server takes its turn in each round too, the
     three in rotating order, so that off (paused) is also compared with upstream."""
@@ -97,10 +98,10 @@ def paused_runs(port, pids, concurrency, new_tokens, rounds, budget=None, upstre
             break
         for n in order:
             if n == "upstream":
-                runs[n].append(tok_s(upstream, concurrency, new_tokens))
+                runs[n].append(tok_s(upstream, concurrency, new_tokens, log, n))
                 continue
             set_on(n == "on")
-            runs[n].append(tok_s(port, concurrency, new_tokens))
+            runs[n].append(tok_s(port, concurrency, new_tokens, log, n))
         print(f"c={concurrency} round {r}: " + "  ".join(f"{n} {runs[n][-1]:.1f}" for n in names), flush=True)
     set_on(True)
     return runs
@@ -112,6 +113,37 @@ def summarize(name, ratios):
             f"ratio{name}_iqr": [round(lo, 4), round(hi, 4)],
             f"ratio{name}_min_max": [round(min(ratios), 4), round(max(ratios), 4)],
             f"ratios{name}": [round(r, 4) for r in ratios]}
+
+
+def clock_summary(log, clocks, t_ref, pairs=("on", "off")):
+    """Each run with the GPU's clocks during it, and how tokens/s follows the SM clock: the
+    slope of log tokens/s on log SM clock within each arm (pooled), and the on/off ratio of
+    each round taken at equal clocks with that slope. The verdict stays the raw ratio; this
+    says how much of its spread the GPU's clock explains."""
+    rows = [{"arm": n, "t": [round(t0 - t_ref, 2), round(t1 - t_ref, 2)], "tok_s": round(v, 2),
+             **clocks.during(t0, t1)} for n, t0, t1, v in log]
+    out = {"t_ref_epoch": round(t_ref, 3), "runs": rows}
+    by = {}
+    for r in rows:
+        if r.get("sm_mhz"):
+            by.setdefault(r["arm"], []).append((math.log(r["sm_mhz"]), math.log(r["tok_s"])))
+    xs, ys = [], []
+    for pts in by.values():
+        mx, my = statistics.fmean(p[0] for p in pts), statistics.fmean(p[1] for p in pts)
+        xs += [p[0] - mx for p in pts]
+        ys += [p[1] - my for p in pts]
+    sxx = sum(x * x for x in xs)
+    if sxx <= 0 or any(len(by.get(a, [])) != sum(r["arm"] == a for r in rows) for a in pairs):
+        return out
+    k = sum(x * y for x, y in zip(xs, ys)) / sxx
+    out["tok_s_per_sm_clock_elasticity"] = round(k, 3)
+    out["share_of_variance_from_clock"] = round(k * k * sxx / sum(y * y for y in ys), 3) if any(ys) else None
+    a, b = ([r for r in rows if r["arm"] == x] for x in pairs)
+    adj = [(ra["tok_s"] / rb["tok_s"]) * (rb["sm_mhz"] / ra["sm_mhz"]) ** k for ra, rb in zip(a, b)]
+    if adj:
+        out["median_ratio_at_equal_clock"] = round(statistics.median(adj), 4)
+        out["median_ratio_at_equal_clock_ci95"] = [round(x, 4) for x in median_ci(adj)]
+    return out
 
 
 def independent_check(server, concurrency, new_tokens):
@@ -175,6 +207,8 @@ def main():
                     help="more flags for the `on` server, e.g. '--speculative-profile-kernels 1'")
     ap.add_argument("--off-profile", action="store_true",
                     help="the `off` server runs --speculative-profile too: `on` / `off` is then the cost of --on-extra")
+    ap.add_argument("--gpu-clocks", action="store_true",
+                    help="sample the GPU's SM clock with nvidia-smi during every run and relate tokens/s to it")
     ap.add_argument("--tag", default="", help="suffix of the result files' names")
     ap.add_argument("--same-process", action="store_true",
                     help="on and off in one server: its profiler paused and resumed by a signal between runs")
@@ -198,6 +232,7 @@ def main():
         plan["check"] = (common + ["--speculative-profile", "--enable-metrics"],
                          dict(env, SGLANG_ENABLE_METRICS_DEVICE_TIMER="1"))
     servers = start_all(plan, a.logs, cpus=a.cpus)
+    clocks = None
     try:
         pinned = pin_schedulers(servers) if a.pin_schedulers else None
         if pinned:
@@ -205,14 +240,17 @@ def main():
         print(f"{len(servers)} servers ready in {time.time() - t0:.0f} s "
               f"({', '.join(f'{n} {s.ready_s} s' for n, s in servers.items())})", flush=True)
         compared = [n for n in ("off", "on", "upstream") if n in servers]
+        clocks = GpuClocks() if a.gpu_clocks else None
         for ci, c in enumerate(a.concurrency):
+            log, t_ref = [], time.time()
             budget = (t0 + a.max_seconds - time.time()) / (len(a.concurrency) - ci) if a.max_seconds else None
             if a.same_process:
                 pids = scheduler_pids(servers["on"].log_path)
                 runs = paused_runs(servers["on"].port, pids, c, a.new_tokens, a.rounds, budget,
-                                   upstream=servers["upstream"].port if "upstream" in servers else None)
+                                   upstream=servers["upstream"].port if "upstream" in servers else None, log=log)
             else:
-                runs = interleaved_runs({n: servers[n].port for n in compared}, c, a.new_tokens, a.rounds, budget)
+                runs = interleaved_runs({n: servers[n].port for n in compared}, c, a.new_tokens, a.rounds, budget,
+                                        log=log)
             ratios = [on / off for on, off in zip(runs["on"], runs["off"])]
             res = {"benchmark": "overhead", "sglang": a.sglang, "concurrency": c,
                    "tok_s_off": [round(x, 2) for x in runs["off"]], "tok_s_on": [round(x, 2) for x in runs["on"]]}
@@ -226,9 +264,14 @@ def main():
             res.update({"rounds": len(ratios), "new_tokens": a.new_tokens,
                         "command": portable_command("bench/overhead.py", sys.argv[1:]),
                         "machine": machine(), "date": datetime.date.today().isoformat()})
+            if clocks is not None:
+                res["gpu_clocks"] = clock_summary(log, clocks, t_ref)
             if "check" in servers:
                 res["independent_check"] = independent_check(servers["check"], c, a.new_tokens)
-            print(json.dumps({k: v for k, v in res.items() if not k.startswith(("tok_s", "ratios"))}), flush=True)
+            print(json.dumps({k: v for k, v in res.items() if not k.startswith(("tok_s", "ratios", "gpu_clocks"))}),
+                  flush=True)
+            if clocks is not None:
+                print(json.dumps({k: v for k, v in res["gpu_clocks"].items() if k != "runs"}), flush=True)
             if a.on_extra or a.off_profile:
                 res["on_extra"], res["off_profile"] = a.on_extra, a.off_profile
             if a.same_process:
@@ -237,6 +280,8 @@ def main():
                 res["schedulers_pinned"] = pinned
             write_json(os.path.join(a.out, f"overhead-{a.sglang}-c{c}{a.tag}.json"), res)
     finally:
+        if clocks is not None:
+            clocks.stop()
         stop_all(servers)
 
 

@@ -62,9 +62,55 @@ def load(port, concurrency, new_tokens):
     return sum(got), secs
 
 
-def tok_s(port, concurrency, new_tokens):
+def tok_s(port, concurrency, new_tokens, log=None, name=None):
+    """Tokens/s of one run; with `log` (a list), (name, start, end, tokens/s) is appended."""
+    t0 = time.time()
     tokens, secs = load(port, concurrency, new_tokens)
+    if log is not None:
+        log.append((name, t0, time.time(), tokens / secs))
     return tokens / secs
+
+
+class GpuClocks:
+    """The GPU's SM clock, power and the reasons the clock is held down, from `nvidia-smi -lms`,
+    each sample stamped when it arrives; `during(t0, t1)` summarises a run. Reading only: the
+    clocks are left as the machine sets them. Without nvidia-smi it records nothing."""
+
+    FIELDS = ("clocks.sm", "clocks.mem", "power.draw", "temperature.gpu", "clocks_event_reasons.active")
+
+    def __init__(self, gpu=0, period_ms=100):
+        self.samples = []
+        self.proc = None
+        gpu = os.environ.get("CUDA_VISIBLE_DEVICES", str(gpu)).split(",")[0] or "0"
+        try:
+            self.proc = subprocess.Popen(["nvidia-smi", "-i", gpu, "--query-gpu=" + ",".join(self.FIELDS),
+                                          "--format=csv,noheader,nounits", f"-lms={period_ms}"],
+                                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, bufsize=1)
+        except OSError:
+            return
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            parts = [x.strip() for x in line.split(",")]
+            try:
+                sm, mem, power, temp = (float(x) for x in parts[:4])
+            except ValueError:
+                continue
+            self.samples.append((time.time(), sm, mem, power, temp, parts[4] if len(parts) > 4 else ""))
+
+    def during(self, t0, t1):
+        got = [x for x in self.samples if t0 <= x[0] <= t1]
+        if not got:
+            return {}
+        return {"sm_mhz": round(statistics.fmean(x[1] for x in got), 1),
+                "sm_mhz_min": min(x[1] for x in got), "mem_mhz": round(statistics.fmean(x[2] for x in got), 1),
+                "power_w": round(statistics.fmean(x[3] for x in got), 1), "temp_c": max(x[4] for x in got),
+                "reasons": sorted({x[5] for x in got}), "samples": len(got)}
+
+    def stop(self):
+        if self.proc is not None:
+            self.proc.terminate()
 
 
 def eagle3_args(target, draft, steps=3, topk=1, draft_tokens=None, graph_bs=(1, 8), max_tokens=40960):
@@ -299,7 +345,7 @@ def out_of_time(t0, r, budget, concurrency) -> bool:
     return False
 
 
-def interleaved_runs(ports, concurrency, new_tokens, rounds, budget=None):
+def interleaved_runs(ports, concurrency, new_tokens, rounds, budget=None, log=None):
     """Tokens/s of each server ({label: port}) over `rounds` rotating rounds of the same load.
 
     Each server first gets a short run (its first use of this batch size compiles kernels).
@@ -312,7 +358,7 @@ def interleaved_runs(ports, concurrency, new_tokens, rounds, budget=None):
         if out_of_time(t0, r, budget, concurrency):
             break
         for n in order:
-            runs[n].append(tok_s(ports[n], concurrency, new_tokens))
+            runs[n].append(tok_s(ports[n], concurrency, new_tokens, log, n))
         print(f"c={concurrency} round {r}: " + "  ".join(f"{n} {runs[n][-1]:.1f}" for n in ports), flush=True)
     return runs
 

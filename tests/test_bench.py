@@ -83,6 +83,34 @@ def test_same_process_runs_alternate_on_and_paused_and_confirm_each_switch(monke
     assert overhead.scheduler_pids(str(log), timeout=1) == [4242]
 
 
+def test_clock_summary_takes_the_clocks_part_out_of_each_pair():
+    sys.path.insert(0, str(ROOT / "bench"))
+    import overhead
+
+    class Clocks:  # the SM clock of the run that starts at t
+        def during(self, t0, t1):
+            return {"sm_mhz": 1980.0 if int(t0) % 3 else 1620.0}
+
+    # tokens/s follows the clock with elasticity 0.5; on is 1% slower than off at equal clocks
+    log = []
+    for r in range(6):
+        for arm, t in (("on", 2 * r), ("off", 2 * r + 1)):
+            sm = Clocks().during(t, t)["sm_mhz"]
+            log.append((arm, float(t), t + 0.5, 400.0 * (0.99 if arm == "on" else 1.0) * (sm / 1980.0) ** 0.5))
+    out = overhead.clock_summary(log, Clocks(), t_ref=0.0)
+    assert [r["arm"] for r in out["runs"]] == ["on", "off"] * 6 and out["runs"][0]["t"] == [0.0, 0.5]
+    assert out["tok_s_per_sm_clock_elasticity"] == pytest.approx(0.5, abs=0.01)
+    assert out["share_of_variance_from_clock"] > 0.95
+    raw = sorted(a[3] / b[3] for a, b in zip(log[::2], log[1::2]))
+    assert raw[0] < 0.95 or raw[-1] > 1.03  # the clock moves the raw ratios
+    assert out["median_ratio_at_equal_clock"] == pytest.approx(0.99, abs=0.002)
+    # runs without samples (no nvidia-smi): the runs, and no fit
+    class Silent:
+        def during(self, t0, t1):
+            return {}
+    assert set(overhead.clock_summary(log, Silent(), t_ref=0.0)) == {"t_ref_epoch", "runs"}
+
+
 def test_the_results_are_named_by_the_installed_release(monkeypatch):
     sys.path.insert(0, str(ROOT / "bench"))
     from importlib import metadata

@@ -4,13 +4,18 @@
 # 2000 cycles: per hook n/mean/p50/p90/p99 us, the hooks before the draft replay (`cycle_head`,
 # split by cycles timed by phase and whole) and all hooks of a cycle (`cycle_all`). The wrappers
 # cost the ratio something of their own: time hooks with it, measure throughput without it.
+# HOOKTIME_CREC=1 also times each event record's C call (`crec:first`, the cycle's first, and
+# `crec:N`, its N-th), a ctypes call that does nothing just before the first (`ctypes:first`), and the
+# first record made again at once (`crec:again`, the same call warm): what the first call after
+# the cycle's start costs the driver, ctypes and the caches apart.
 import gc, importlib.abc, importlib.util, json, os, statistics, sys, threading, time
 
 _OUT = os.environ.get("HOOKTIME_OUT")
 _clock = time.perf_counter
 _S = {"t": {}, "head": [], "head_d": [], "head_n": [], "all": [], "all_d": [], "all_n": [],
       "cyc": {"on": 0, "off": 0}, "gc": {"on": {}, "off": {}}, "gc_t0": None, "state": "off"}
-_cur = {"head": 0.0, "all": 0.0, "detail": None}
+_cur = {"head": 0.0, "all": 0.0, "detail": None, "ncrec": 0}
+_CREC = os.environ.get("HOOKTIME_CREC") == "1"
 HEAD = ("begin", "draft_replay_begin")
 
 
@@ -62,6 +67,9 @@ def _patch(mod):
         elif name == "begin":
             def f(self, *a, _o=orig):
                 _S["state"] = "on"
+                _cur["ncrec"] = 0
+                if _CREC and getattr(self, "_crec", None) is not None and not hasattr(self._crec, "timed"):
+                    self._crec = _timed_crec(self._crec)
                 t0 = _clock(); r = _o(self, *a); dt = (_clock() - t0) * 1e6
                 lst.append(dt); _cur["head"] = dt; _cur["all"] += dt
                 s = self.cur
@@ -101,6 +109,25 @@ def _patch(mod):
         t0 = _clock(); _empty(); w.append((_clock() - t0) * 1e6)
     _S["wrap_us"] = round(statistics.median(w), 3)
     gc.callbacks.append(_gc_cb)
+
+
+def _timed_crec(c):
+    import ctypes
+    noop = ctypes.pythonapi.Py_IsInitialized
+    t = _S["t"]
+    first, again, ct = (t.setdefault(k, []) for k in ("crec:first", "crec:again", "ctypes:first"))
+    later = [t.setdefault("crec:%d" % i, []) for i in range(16)]
+
+    def timed(h, st):
+        if _cur["ncrec"] == 0:
+            t0 = _clock(); noop(); t1 = _clock(); r = c(h, st); t2 = _clock(); c(h, st); t3 = _clock()
+            ct.append((t1 - t0) * 1e6); first.append((t2 - t1) * 1e6); again.append((t3 - t2) * 1e6)
+        else:
+            t0 = _clock(); r = c(h, st); later[min(_cur["ncrec"], 15)].append((_clock() - t0) * 1e6)
+        _cur["ncrec"] += 1
+        return r
+    timed.timed = True
+    return timed
 
 
 def _patch_null(mod):
