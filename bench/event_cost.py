@@ -7,6 +7,11 @@ its own with no other work. Prints microseconds per call (median of --reps runs 
 calls each) as one JSON line.
 
     python bench/event_cost.py [--n 20000] [--reps 7]
+
+`--cold-kb KB` times one record at a time instead, each after the caches were filled with KB
+of other objects and memory (`hook_cost.polluter`) and a stream synchronisation, as at 0.5.12's
+cycle start: the record's ways against a ctypes call that does nothing and a Python function
+that does nothing, in rotating order; microseconds per call, median and mean.
 """
 import argparse
 import ctypes
@@ -52,11 +57,69 @@ class Busy:
         self.t.join()
 
 
+def cold_calls(calls, kb, n, sync):
+    """{name: fn} each called `n` times, one call at a time after `pollute` and `sync`
+    (untimed), the names in rotating order: {name: {"median": us, "mean": us}}."""
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from hook_cost import polluter
+
+    pollute = polluter(kb)
+    names = list(calls)
+    got = {k: [] for k in names}
+    clock = time.perf_counter
+    for i in range(n):
+        k0 = i % len(names)
+        for k in names[k0:] + names[:k0]:
+            fn = calls[k]
+            pollute()
+            sync()
+            t = clock()
+            fn()
+            got[k].append((clock() - t) * 1e6)
+    return {k: {"median": round(statistics.median(v), 3), "mean": round(statistics.fmean(v), 3)} for k, v in got.items()}
+
+
+def cold(kb, n):
+    from cuda.bindings import driver as drv
+
+    stream = torch.cuda.Stream()
+    torch.cuda.set_stream(stream)
+    sync = torch.cuda.synchronize
+    ev = torch.cuda.Event(enable_timing=True)
+    _, e1 = drv.cuEventCreate(0)
+    s = drv.CUstream(stream.cuda_stream)
+    lib = ctypes.PyDLL("libcuda.so.1")
+    rec = lib.cuEventRecord
+    rec.argtypes, rec.restype = [ctypes.c_void_p, ctypes.c_void_p], ctypes.c_int
+    h1, hs = int(e1), stream.cuda_stream  # the profiler's crec takes the handles as numbers
+    noop = ctypes.pythonapi.Py_IsInitialized
+
+    def nothing():
+        pass
+
+    calls = {"python_noop": nothing, "ctypes_noop": noop, "ctypes_gil_record": lambda: rec(h1, hs),
+             "bindings_record": lambda: drv.cuEventRecord(e1, s), "torch_record_stream": lambda: ev.record(stream)}
+    for fn in calls.values():
+        fn()
+    sync()
+    res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "cold_kb": kb, "calls": n,
+           "us": cold_calls(calls, kb, n, sync)}
+    warm = {k: per_call(fn, 2000, 3, sync) for k, fn in calls.items()}
+    res["warm_us"] = warm
+    print(json.dumps(res))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=20000)
     ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--cold-kb", type=int, default=0, metavar="KB")
     a = ap.parse_args()
+    if a.cold_kb:
+        return cold(a.cold_kb, min(a.n, 3000))
     stream = torch.cuda.Stream()
     torch.cuda.set_stream(stream)
     sync = torch.cuda.synchronize
