@@ -116,7 +116,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=20000)
     ap.add_argument("--reps", type=int, default=7)
-    ap.add_argument("--cold-kb", type=int, default=0, metavar="KB")
+    ap.add_argument("--cold-kb", type=int, default=0, metavar="KB",
+                    help="one record at a time, each after KB of other memory went through the caches")
     a = ap.parse_args()
     if a.cold_kb:
         return cold(a.cold_kb, min(a.n, 3000))
