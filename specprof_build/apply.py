@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 from . import git
@@ -93,12 +94,22 @@ def check_one(tree: Path, patch: Path) -> None:
 
 
 def apply_series(tree: Path, patches: list[Path], log=print, write: bool = True) -> None:
+    """Each patch checked to apply exactly, then applied; with `write` False, `tree` is left
+    alone: the patches apply to a scratch copy of the files they touch, so that a patch is
+    checked against the file as the patches before it leave it (two patches may touch one file)."""
+    if not write:
+        with tempfile.TemporaryDirectory(prefix="specprof-check-") as scratch:
+            for rel in sorted({f for patch in patches for f in hunks(patch.read_text())}):
+                if (tree / rel).is_file():
+                    (Path(scratch) / rel).parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copy2(tree / rel, Path(scratch) / rel)
+            apply_series(Path(scratch), patches, log, write=True)
+        return
     for patch in patches:
         check_one(tree, patch)
-        if write:
-            proc = _git(["apply", str(patch.resolve())], tree)
-            if proc.returncode != 0:
-                raise BuildError(f"{patch.name} does not apply: {proc.stderr.strip().splitlines()[-1]}.")
+        proc = _git(["apply", str(patch.resolve())], tree)
+        if proc.returncode != 0:
+            raise BuildError(f"{patch.name} does not apply: {proc.stderr.strip().splitlines()[-1]}.")
         log(f"apply     {patch.name} ({sum(len(v) for v in hunks(patch.read_text()).values())} hunks, exact)")
 
 

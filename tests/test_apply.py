@@ -139,3 +139,22 @@ def test_every_git_call_goes_through_one_environment(tmp_path, monkeypatch):
     monkeypatch.setattr(git.shutil, "which", lambda name: None)
     with pytest.raises(BuildError, match="^git is not installed; build.py applies and rebases the patches with git.$"):
         git.run(["status"], repo)
+
+
+def test_check_takes_two_patches_of_one_file_in_turn(tmp_path):
+    tree = tmp_path / "tree"
+    (tree / "pkg").mkdir(parents=True)
+    body = "".join(f"line {i}\n" for i in range(1, 21))
+    (tree / "pkg" / "m.py").write_text(body)
+    first = tmp_path / "a.patch"  # two lines at the top
+    first.write_text("diff --git a/pkg/m.py b/pkg/m.py\n--- a/pkg/m.py\n+++ b/pkg/m.py\n"
+                     "@@ -1,3 +1,5 @@\n+import x\n+\n line 1\n line 2\n line 3\n")
+    second = tmp_path / "b.patch"  # one line lower down, numbered as the first patch leaves the file
+    second.write_text("diff --git a/pkg/m.py b/pkg/m.py\n--- a/pkg/m.py\n+++ b/pkg/m.py\n"
+                      "@@ -11,3 +11,4 @@\n line 9\n line 10\n+x.idle()\n line 11\n")
+    apply.apply_series(tree, [first, second], log=lambda m: None, write=False)
+    assert (tree / "pkg" / "m.py").read_text() == body  # checked, not written
+    with pytest.raises(BuildError, match="b.patch: hunk #1 of pkg/m.py only applies"):
+        apply.apply_series(tree, [second], log=lambda m: None, write=False)  # alone it is 2 lines off
+    apply.apply_series(tree, [first, second], log=lambda m: None)
+    assert (tree / "pkg" / "m.py").read_text().splitlines()[12] == "x.idle()"

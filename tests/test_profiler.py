@@ -1403,3 +1403,58 @@ def test_a_cycle_recorded_on_a_stream_the_worker_left_is_dropped_not_timed_wrong
     whole = sum(ms for _, ms in PHASES)
     assert bucket["cycle_gpu_ms"]["mean"] == pytest.approx(whole) and bucket["cycle_gpu_ms"]["max"] == pytest.approx(whole)
     assert b.refreshes == 3  # the first cycle's, at the change, the next cycle's long way: not one a cycle
+
+
+def test_an_idle_server_closes_its_open_window_after_a_second(fake):
+    p, b, out = fake
+    for _ in range(13):  # one window of 10, three cycles in the open one
+        run_cycle(p, b)
+    p.idle()  # the first idle call only notes where things stand
+    b.advance(0.0, 999.0)
+    p.idle()  # 0.999 s idle: not yet
+    assert [w["window"] for w in out] == [0] and out[0]["closed_idle"] is False
+    b.advance(0.0, 2.0)
+    p.idle()
+    assert [w["decode_cycles"] for w in out] == [10, 3] and out[1]["closed_idle"] is True
+    assert out[1]["totals"]["decode_cycles"] == 13 and out[1]["totals"]["committed_tokens"] == 39
+    assert out[1]["buckets"]["1"]["accept"]["committed_tokens"] == 9
+    b.advance(0.0, 5000.0)
+    p.idle()  # nothing open: nothing more
+    assert len(out) == 2
+    for _ in range(3):  # cycles after the pause start the next window, which idles again
+        run_cycle(p, b)
+    p.idle()
+    b.advance(0.0, 500.0)
+    run_cycle(p, b)  # a cycle in between: idle from the next call on, not from the first
+    p.idle()
+    b.advance(0.0, 600.0)
+    p.idle()
+    assert len(out) == 2
+    b.advance(0.0, 500.0)
+    p.idle()
+    assert [w["decode_cycles"] for w in out] == [10, 3, 4] and out[2]["window"] == 2
+    assert out[2]["totals"]["committed_tokens"] == 51
+
+
+def test_idle_leaves_a_cycle_in_flight_or_awaiting_its_commit_alone(fake):
+    p, b, out = fake
+    for _ in range(3):
+        run_cycle(p, b)
+    p.begin("decode", 1)  # a cycle that has not ended
+    p.idle()
+    b.advance(0.0, 3000.0)
+    p.idle()
+    assert out == []
+    p.end()
+    p.unsettled.append([2])  # v2: harvested, its commit still to come
+    p.idle()
+    b.advance(0.0, 3000.0)
+    p.idle()
+    assert out == []
+    p.unsettled.clear()
+    p.harvest([2])
+    p.idle()
+    b.advance(0.0, 3000.0)
+    p.idle()
+    assert [w["decode_cycles"] for w in out] == [4]
+    NullProfiler().idle()  # the flag off: nothing

@@ -50,6 +50,9 @@ class NullProfiler:
     def commit_end(self):
         pass
 
+    def idle(self):
+        pass
+
     def latest(self):
         return None
 

@@ -48,6 +48,7 @@ HAND_OVER = 128
 HAND_OVER_POLICY = 16
 HAND_OVER_INLINE = 32
 HAND_OVER_INLINE_POLICY = 2
+IDLE_CLOSE_S = 1.0  # a window holding decode cycles closes after the server sat fully idle this long
 SWITCHES_KEPT = 256  # step-count changes a window keeps (--speculative-adaptive); beyond, counted
 
 
@@ -110,6 +111,7 @@ class Profiler(GraphHooks, AcceptHooks, NullProfiler):
         self.items: list = []
         self.window_index = 0  # windows handed to the folder to close
         self.window_decode = 0  # decode cycles settled into the open window
+        self._idle_seen = None  # (window, decode cycles in it, host time) where `idle` last found it
         self.dropped = 0  # cycles not timed: no free slot (events that do not complete)
         self.marks_lost = 0  # phase or step marks past a cycle's room (never expected; counted, shown)
         # v2: acceptance is settled against the requests where the scheduler commits it
@@ -436,9 +438,10 @@ class Profiler(GraphHooks, AcceptHooks, NullProfiler):
         s.names[n] = name
         s.n = n + 1
 
-    def _close_window(self):
+    def _close_window(self, idle=False):
         """O(1) here: the window's fields that live on this thread go with the last items to
-        the folder, which closes the window and hands it to the outputs."""
+        the folder, which closes the window and hands it to the outputs. `idle`: closed by
+        `idle`, with fewer decode cycles than the interval."""
         self.items.append(("close", {
             "schema": SCHEMA,
             "rank": self.rank,
@@ -449,6 +452,7 @@ class Profiler(GraphHooks, AcceptHooks, NullProfiler):
                        "capture_s": {k: dict(v) for k, v in self.graphs.capture_s.items()}},
             "marks_lost": self.marks_lost,
             "uncut_cycles": self.uncut_cycles,
+            "closed_idle": idle,
             "dropped": self.dropped,
             "tokens": dict(self.tokens),
             **({"adaptive": {"steps": self.last_steps, "switches": self.switches,
@@ -467,6 +471,26 @@ class Profiler(GraphHooks, AcceptHooks, NullProfiler):
             k.window_closed(self.window_index)
         self.window_index += 1
         self.window_decode = 0
+
+    def idle(self):
+        """Upstream's idle housekeeping (the scheduler runs nothing and holds no request;
+        about once a second with --sleep-on-idle, or on every loop without): once no decode
+        cycle has settled for IDLE_CLOSE_S, the open window closes with the cycles it has, so
+        that what ran before a pause (or before a shutdown: the scheduler is killed, nothing
+        flushes then) is in the outputs and the JSONL instead of waiting for the traffic."""
+        n = self.window_decode
+        if not n or self.cur is not None or self.unsettled or self.open_commit is not None:
+            return
+        try:
+            now = self.clock()
+            seen = self._idle_seen
+            if seen is None or seen[0] != self.window_index or seen[1] != n:
+                self._idle_seen = (self.window_index, n, now)  # cycles ran since: idle from here
+            elif now - seen[2] >= IDLE_CLOSE_S:
+                self._idle_seen = None
+                self._close_window(idle=True)
+        except Exception as e:
+            self._fail(e)
 
     def _hand_over(self):
         """The items held on this thread go to the folder as one batch."""
