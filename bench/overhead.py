@@ -282,6 +282,8 @@ def main():
     finally:
         if clocks is not None:
             clocks.stop()
+        if "on" in servers:  # the profile's open window closes after a second idle (profiler.IDLE_CLOSE_S)
+            time.sleep(2.5)
         stop_all(servers)
 
 
