@@ -473,8 +473,9 @@ class Profiler(GraphHooks, AcceptHooks, NullProfiler):
         self.window_decode = 0
 
     def idle(self):
-        """Upstream's idle housekeeping (the scheduler runs nothing and holds no request;
-        about once a second with --sleep-on-idle, or on every loop without): once no decode
+        """Upstream's idle housekeeping (the scheduler has no batch to run; called before
+        upstream's own guard, about once a second with --sleep-on-idle, or on every loop
+        without): once no decode
         cycle has settled for IDLE_CLOSE_S, the open window closes with the cycles it has, so
         that what ran before a pause (or before a shutdown: the scheduler is killed, nothing
         flushes then) is in the outputs and the JSONL instead of waiting for the traffic."""
