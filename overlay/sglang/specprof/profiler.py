@@ -475,10 +475,10 @@ class Profiler(GraphHooks, AcceptHooks, NullProfiler):
     def idle(self):
         """Upstream's idle housekeeping (the scheduler has no batch to run; called before
         upstream's own guard, about once a second with --sleep-on-idle, or on every loop
-        without): once no decode
-        cycle has settled for IDLE_CLOSE_S, the open window closes with the cycles it has, so
-        that what ran before a pause (or before a shutdown: the scheduler is killed, nothing
-        flushes then) is in the outputs and the JSONL instead of waiting for the traffic."""
+        without): once no decode cycle has settled for IDLE_CLOSE_S, the open window closes
+        with the cycles it has, so that what ran before a pause (or before a shutdown: the
+        scheduler is killed, nothing flushes then) is in the outputs and the JSONL instead of
+        waiting for the traffic."""
         n = self.window_decode
         if not n or self.cur is not None or self.unsettled or self.open_commit is not None:
             return
