@@ -116,7 +116,7 @@ def _timed_crec(c):
     noop = ctypes.pythonapi.Py_IsInitialized
     t = _S["t"]
     first, again, ct = (t.setdefault(k, []) for k in ("crec:first", "crec:again", "ctypes:first"))
-    later = [t.setdefault("crec:%d" % i, []) for i in range(16)]
+    later = [None] + [t.setdefault("crec:%d" % i, []) for i in range(1, 16)]  # the first goes to crec:first
 
     def timed(h, st):
         if _cur["ncrec"] == 0:
