@@ -2,9 +2,11 @@
 
 It takes the flags the harnesses pass, serves /health, /generate and /server_info, and
 decodes in cycles whose GPU cost follows a simple model (draft steps, a verify that grows
-with the tokens it checks), sleeping that long in real time. With --speculative-profile
-the cycles go through the real profiler on a fake GPU (tests/fakes.py) and the profile
-JSONL is the real writer's, so `sglang-specprof report` reads it as it reads a server's.
+with the tokens it checks), sleeping that long in real time; a request's prefill runs as
+a cycle of its own before it joins the batch, as in SGLang. With --speculative-profile the
+cycles go through the real profiler on a fake GPU (tests/fakes.py) and the host's real
+clock, and the profile JSONL is the real writer's, so `sglang-specprof report` reads it as
+it reads a server's: its cycle periods hold the host's real time, as a server's do.
 
     SPECPROF_BENCH_LAUNCH=fake_sglang_server PYTHONPATH=tests python bench/advisor_check.py ...
 """
@@ -29,6 +31,7 @@ from sglang.specprof.profiler import Profiler  # noqa: E402
 STEP_MS = 0.45
 COST = {"draft_prep": lambda t: 0.05, "tree": lambda t: 0.02, "verify": lambda t: 4.0 + 0.03 * t,
         "accept": lambda t: 0.06, "draft_extend": lambda t: 0.5 + 0.004 * t}
+PREFILL_MS = 2.0  # a request's prefill (its 64 prompt tokens)
 
 
 class Engine:
@@ -37,10 +40,10 @@ class Engine:
         self.p, self.b = profiler, backend
         self.rng = random.Random(seed)
         self.lock = threading.Condition()
-        self.active = []  # [needed, got, done_event]
+        self.active = []  # [needed, got, done_event, prefilled]
 
     def submit(self, n):
-        job = [n, 0, threading.Event()]
+        job = [n, 0, threading.Event(), False]
         with self.lock:
             self.active.append(job)
             self.lock.notify()
@@ -59,15 +62,15 @@ class Engine:
                 while not self.active:
                     self.lock.wait()
                 batch = list(self.active)
+            new = [job for job in batch if not job[3]]
+            if new:  # as in SGLang, a request's prefill runs before it joins the decode batch
+                self.sleep_out(self.prefill(len(new)))
+                for job in new:
+                    job[3] = True
             bs, tokens = len(batch), len(batch) * (self.steps + 1)
             ctx = sum(64 + job[1] for job in batch)
             length = self.accept_length()
-            ms = self.cycle(bs, tokens, ctx, length)
-            # as on 0.5.12, each cycle starts synchronised with the last one: the host's time up
-            # to the draft's launch is the cycle's, what it does after is hidden behind the GPU
-            delay = self.launched + ms / 1000.0 - time.perf_counter()
-            if delay > 0:
-                time.sleep(delay)
+            self.sleep_out(self.cycle(bs, tokens, ctx, length))
             with self.lock:
                 for job in batch:
                     job[1] += length
@@ -75,6 +78,23 @@ class Engine:
                         job[1] = job[0]
                         self.active.remove(job)
                         job[2].set()
+
+    def sleep_out(self, ms):
+        """As on 0.5.12, each cycle starts synchronised with the last one: the host's time up
+        to the first launch is the cycle's, what it does after is hidden behind the GPU."""
+        delay = self.launched + ms / 1000.0 - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+
+    def prefill(self, bs):
+        p, b = self.p, self.b
+        p.begin("prefill", bs)
+        self.launched = time.perf_counter()
+        ms = PREFILL_MS * bs
+        b.advance(ms)
+        p.mark("target_extend")
+        p.end()
+        return ms
 
     def cycle(self, bs, tokens, ctx, length):
         p, b = self.p, self.b
@@ -115,7 +135,7 @@ def main():
     profiler = NullProfiler()  # the flag off: the hooks do nothing (bench/host_sensitivity.py makes them spin)
     if a.speculative_profile:
         sinks = [JsonlSink(a.speculative_profile_output)] if a.speculative_profile_output else []
-        profiler = Profiler(backend, interval=a.speculative_profile_interval, sink=sinks, clock=backend.clock,
+        profiler = Profiler(backend, interval=a.speculative_profile_interval, sink=sinks,
                             log_table=False, config={"algorithm": "EAGLE3", "num_steps": steps, "topk": 1,
                                                      "draft_tokens": steps + 1})
     engine = Engine(steps, float(os.environ.get("SGLANG_SIMULATE_ACC_LEN", "1")), profiler, backend, a.port)
