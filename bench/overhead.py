@@ -47,8 +47,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpu_models import write_models  # noqa: E402
 from serving import (GpuClocks, eagle3_args, installed_sglang, http, interleaved_runs, load, machine, median_ci,  # noqa: E402
-                     out_of_time, pin_schedulers, portable_command, quartiles, rotations, start_all,
-                     stop_all, tok_s, write_json)
+                     out_of_time, pin_schedulers, portable_command, profiler_fingerprint, quartiles, rotations,
+                     start_all, stop_all, tok_s, write_json)
 
 PAUSE_SIGNAL = "SIGUSR2"
 
@@ -263,7 +263,8 @@ def main():
                 res["median_ratio_off_vs_upstream_ci95"] = [round(x, 4) for x in median_ci(up)]
             res.update({"rounds": len(ratios), "new_tokens": a.new_tokens,
                         "command": portable_command("bench/overhead.py", sys.argv[1:]),
-                        "machine": machine(), "date": datetime.date.today().isoformat()})
+                        "machine": machine(), "date": datetime.date.today().isoformat(),
+                        "profiler": profiler_fingerprint()})
             if clocks is not None:
                 res["gpu_clocks"] = clock_summary(log, clocks, t_ref)
             if "check" in servers:

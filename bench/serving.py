@@ -303,6 +303,28 @@ def installed_sglang() -> str:
         return "unknown"
 
 
+def profiler_fingerprint() -> str | None:
+    """The profiler the servers import: the first 12 hex digits of a sha256 over its files
+    (`sglang/specprof/*.py`, by name), found without importing sglang; None where there is
+    none. Results of one fingerprint ran the same profiler code, so their rounds pool."""
+    import hashlib
+    from importlib.util import find_spec
+
+    try:
+        spec = find_spec("sglang")
+    except (ImportError, ValueError):
+        return None
+    for root in (spec.submodule_search_locations or []) if spec else []:
+        folder = os.path.join(root, "specprof")
+        if os.path.isdir(folder):
+            h = hashlib.sha256()
+            for name in sorted(n for n in os.listdir(folder) if n.endswith(".py")):
+                with open(os.path.join(folder, name), "rb") as f:
+                    h.update(name.encode() + b"\0" + f.read() + b"\0")
+            return h.hexdigest()[:12]
+    return None
+
+
 def machine():
     try:
         gpu = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader",

@@ -241,3 +241,62 @@ def test_pin_schedulers_gives_each_scheduler_a_cpu_of_its_own():
         os.sched_setaffinity(0, before)
         os.killpg(proc.pid, 9)
         proc.wait()
+
+
+def _overhead_result(path, ratios, up=None, **over):
+    r = {"benchmark": "overhead", "sglang": "0.5.12", "concurrency": 1, "new_tokens": 256, "same_process": True,
+         "machine": "vm: NVIDIA H200", "profiler": "abc123", "ratios": ratios, "date": "2026-12-03",
+         "command": "python bench/overhead.py --rounds 3"}
+    if up is not None:
+        r["ratios_off_vs_upstream"] = up
+    r.update(over)
+    path.write_text(json.dumps(r))
+    return str(path)
+
+
+def test_pool_puts_the_rounds_of_one_measurement_together_and_refuses_another(tmp_path):
+    sys.path.insert(0, str(ROOT / "bench"))
+    import pool
+    import serving
+
+    a = _overhead_result(tmp_path / "a.json", [0.99, 0.995, 1.0], up=[1.0, 1.01, 0.99])
+    b = _overhead_result(tmp_path / "b.json", [0.998, 1.002, 0.996, 1.004])
+    r = pool.pool([a, b])
+    assert r["rounds"] == 7 and r["ratios"] == [0.99, 0.995, 1.0, 0.998, 1.002, 0.996, 1.004]
+    assert r["median_ratio"] == 0.998  # the median of all seven, not of the two medians (0.995, 1.0)
+    assert r["median_ratio_ci95"][0] <= r["median_ratio"] <= r["median_ratio_ci95"][1]
+    assert r["rounds_with_upstream"] == 3 and r["median_ratio_off_vs_upstream"] == 1.0
+    assert [f["rounds"] for f in r["pooled_from"]] == [3, 4]
+    out = tmp_path / "pooled.json"
+    assert pool.main([a, b, "--out", str(out)]) == 0
+    written = json.loads(out.read_text())
+    assert written["goal"] == {"median": 0.997, "low": 0.99, "met": written["median_ratio_ci95"][0] >= 0.99}
+    assert str(tmp_path) not in written["pooled_by"]
+    # another load, other profiler code, or no fingerprint: refused, and nothing written
+    for name, over in (("c8", {"concurrency": 8}), ("other", {"profiler": "def456"}), ("old", {"profiler": None})):
+        c = _overhead_result(tmp_path / f"{name}.json", [1.0, 1.0], **over)
+        with pytest.raises(pool.Refused):
+            pool.pool([a, c])
+        assert pool.main([a, c, "--out", str(tmp_path / f"{name}-pooled.json")]) == 1
+        assert not (tmp_path / f"{name}-pooled.json").exists()
+    assert pool.pool([a, str(tmp_path / "old.json")], same_profiler=True)["rounds"] == 5
+    (tmp_path / "junk.json").write_text("{not json")
+    with pytest.raises(pool.Refused, match="not a JSON result"):
+        pool.pool([a, str(tmp_path / "junk.json")])
+
+    # the fingerprint is of the profiler the servers import, and follows its files
+    pkg = tmp_path / "site" / "sglang" / "specprof"
+    pkg.mkdir(parents=True)
+    (pkg.parent / "__init__.py").write_text("raise ImportError('not imported to be found')\n")
+    (pkg / "profiler.py").write_text("X = 1\n")
+    saved = [m for m in sys.modules if m == "sglang" or m.startswith("sglang.")]
+    held = {m: sys.modules.pop(m) for m in saved}
+    sys.path.insert(0, str(tmp_path / "site"))
+    try:
+        one = serving.profiler_fingerprint()
+        (pkg / "profiler.py").write_text("X = 2\n")
+        two = serving.profiler_fingerprint()
+    finally:
+        sys.path.remove(str(tmp_path / "site"))
+        sys.modules.update(held)
+    assert one and two and one != two and len(one) == 12
