@@ -91,6 +91,41 @@ def test_without_context_lengths_the_batch_size_line_only_bounds_the_growth():
     assert advisor.fit_verify(one_size, 5) is None  # one batch size: nothing to fit
 
 
+def test_several_step_counts_measure_the_growth_without_context_lengths():
+    """An adaptive profile (0.5.16 keeps no host copy of the sequence lengths): at one number
+    of requests the step counts verify different numbers of tokens, so the plane through
+    verify time against tokens and requests measures what a token costs, apart from what
+    each request's attention costs, which the batch-size line alone mixes up."""
+    import random
+
+    rng, pts = random.Random(1), []
+    for w in range(60):
+        bs, k = (1, 4, 16, 32)[w % 4], 1 + (w // 4) % 5
+        ctx = bs * rng.uniform(250, 350)  # attention: the more requests, the more KV read
+        pts.append([bs, None, 5.0 + 0.0015 * ctx + 0.009 * bs * (k + 1) + rng.gauss(0, 0.02), 50, k])
+    g = advisor.fit_verify(pts, 5)
+    assert g.how.startswith("measured across step counts")
+    assert g.low <= 0.009 <= g.high and g.per_token == pytest.approx(0.009, abs=4e-3)
+    one_count = [p[:4] + [3] for p in pts]  # the same points at one step count: not separable
+    assert advisor.fit_verify(one_count, 3).how.startswith("bounded above")
+
+
+def test_acceptance_beyond_the_profile_goes_on_falling_between_its_bounds():
+    inp = story_inputs(advisor.Growth(0.0, 0.0, 0.0, "measured"))
+    inp.steps, inp.per_position = 2, [0.9, 0.6]  # a_2 / a_1 = 2/3
+    rows = {r["steps"]: r for r in advisor.predict(inp)["rows"]}
+    # central: 0.6 * 2/3 = 0.4 at position 3, then 0.267; high holds 0.6; low takes 0
+    e3 = 1 + 0.9 + 0.9 * 0.6 + 0.9 * 0.6 * 0.4
+    assert rows[3]["expected_tokens"] == pytest.approx(e3, abs=1e-4)
+    assert rows[4]["expected_tokens"] == pytest.approx(e3 + 0.9 * 0.6 * 0.4 * (0.4 * 2 / 3), abs=1e-4)
+    hold = advisor.expected_tokens([0.9, 0.6, 0.6], 3)
+    assert rows[3]["high"] == pytest.approx(1000 * hold / rows[3]["cycle_ms"], rel=1e-3)
+    assert rows[3]["low"] == pytest.approx(1000 * (1 + 0.9 + 0.54) / rows[3]["cycle_ms"], rel=1e-3)
+    inp.per_position = [0.5, 0.8]  # rising: never extrapolated upward, a_2 held
+    rows = {r["steps"]: r for r in advisor.predict(inp)["rows"]}
+    assert rows[3]["expected_tokens"] == pytest.approx(advisor.expected_tokens([0.5, 0.8, 0.8], 3), abs=1e-4)
+
+
 def test_a_dense_profile_is_not_talked_out_of_more_steps_by_attention():
     """Verify that grows only with the KV read: the batch-size line would have cut verify at
     fewer steps; the plane sees no growth per token, and predicts the same verify time."""

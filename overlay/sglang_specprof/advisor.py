@@ -16,7 +16,9 @@ T(k) = fixed + draft(k) + verify(k) + draft_extend(k), each term from the profil
   verify time against verified tokens only bounds g from above; with one batch size, g
   lies between 0 (memory-bound: no growth) and verify(K) / tokens (growth in proportion);
 - draft extend grows by the same ratio as verify;
-- beyond the profiled K, acceptance is unknown: a_i = a_K, bounded below by 0.
+- beyond the profiled K, acceptance is unknown: a_i goes on falling as it fell from a_(K-1)
+  to a_K (a_K * r^(i-K), r = a_K / a_(K-1) at most 1), bounded below by 0 and above by a_K
+  held.
 
 Predicted tokens/s = batch * E(k) / T(k), scaled so that k = K reproduces the measured
 cycle time. Each prediction carries a low and a high figure from those bounds.
@@ -38,7 +40,7 @@ class Growth:
     per_token: float
     low: float
     high: float
-    how: str  # "measured", "bounded above by batch sizes", "bounded (flat to proportional)"
+    how: str  # "measured", "measured across step counts", "bounded above by batch sizes", "bounded (flat to proportional)"
 
 
 @dataclass
@@ -72,10 +74,18 @@ def expected_tokens(a: list[float], k: int) -> float:
     return total
 
 
-def _acceptance(inp: Inputs, k: int, low: bool) -> list[float]:
+LOW, CENTRAL, HIGH = "low", "central", "high"
+
+
+def _acceptance(inp: Inputs, k: int, which: str) -> list[float]:
+    """a_1..a_k. Beyond the profiled K nothing is measured: `low` takes 0, `high` holds a_K,
+    and `central` goes on as the last two measured positions went, a_K * r^j with
+    r = a_K / a_(K-1) (at most 1: a draft's conditional acceptance falls with depth, never
+    climbs), which is a_K held where K < 2."""
     a = [x if x is not None else 0.0 for x in inp.per_position[: inp.steps]]
+    r = min(a[-1] / a[-2], 1.0) if len(a) >= 2 and a[-2] > 0 else 1.0
     while len(a) < k:
-        a.append(0.0 if low else (a[-1] if a else 0.0))
+        a.append(0.0 if which == LOW or not a else a[-1] * (r if which == CENTRAL else 1.0))
     return a
 
 
@@ -108,8 +118,7 @@ def predict(inp: Inputs, ks=range(1, 9)) -> dict | None:
         t_lo, t_hi = min(ends), max(ends)
         if not (central_t > 0 and t_lo > 0):
             continue
-        e_c = expected_tokens(_acceptance(inp, k, low=False), k)
-        e_lo = expected_tokens(_acceptance(inp, k, low=True), k)
+        e_c, e_lo, e_hi = (expected_tokens(_acceptance(inp, k, which), k) for which in (CENTRAL, LOW, HIGH))
         tok = lambda e, t: inp.batch * e / (t / 1000.0)  # noqa: E731
         rows.append({
             "steps": k, "draft_tokens": k + 1,
@@ -117,7 +126,7 @@ def predict(inp: Inputs, ks=range(1, 9)) -> dict | None:
             "cycle_ms": round(central_t, 4),
             "tokens_per_s": round(tok(e_c, central_t), 2),
             "low": round(tok(e_lo, t_hi), 2),
-            "high": round(tok(e_c, t_lo), 2),
+            "high": round(tok(e_hi, t_lo), 2),
             "extrapolated": k > K,
         })
     if not rows:
@@ -156,7 +165,7 @@ def inputs_from_bucket(bucket: dict, steps: int, growth: Growth | None = None) -
                  wall_ms=bucket["cycle_wall_ms"]["mean"],
                  step_ms=[s["mean"] or 0.0 for s in bucket["draft_steps_gpu_ms"]],
                  per_position=acc["per_position"], growth=growth, notes=notes)
-    if growth is not None and growth.how != "measured":
+    if growth is not None and not growth.how.startswith("measured"):
         # an upper bound from batch sizes narrows the proportional one, never widens it
         inp.growth = Growth(0.0, 0.0, min(growth.high, inp.proportional()), growth.how)
     return inp
@@ -223,20 +232,33 @@ def fit_verify(points: list, steps: int) -> Growth | None:
     """What a verified token adds to verify, from [requests per cycle, context tokens, verify ms,
     cycles(, step count)] points (one per window and bucket, `report.verify_points`; a point
     without its own step count was run at `steps`)."""
-    pts = [(p[0] * ((p[4] if len(p) > 4 and p[4] is not None else steps) + 1), p[1], p[2], p[3])
-           for p in points if p[3] and p[0]]
-    if len({round(t, 3) for t, _, _, _ in pts}) < 2:
+    at = [p[4] if len(p) > 4 and p[4] is not None else steps for p in points]
+    pts = [(p[0] * (k + 1), p[1], p[2], p[3], p[0], k) for p, k in zip(points, at) if p[3] and p[0]]
+    if len({round(t, 3) for t, *_ in pts}) < 2:
         return None  # one batch size: verify's growth with tokens is not seen
-    ws = [c for _, _, _, c in pts]
-    ys = [v for _, _, v, _ in pts]
-    if all(ctx is not None for _, ctx, _, _ in pts) and len(pts) >= 4:
-        fit = _wls([[1.0, t, ctx] for t, ctx, _, _ in pts], ys, ws)
-        if fit is not None:
-            (_, g, _), (_, se, _) = fit
-            if math.isfinite(se):
-                lo, hi = max(g - 2 * se, 0.0), max(g + 2 * se, 0.0)
-                return Growth(max(g, 0.0), lo, hi, "measured")
-    fit = _wls([[1.0, t] for t, _, _, _ in pts], ys, ws)
+    ws = [c for _, _, _, c, _, _ in pts]
+    ys = [v for _, _, v, _, _, _ in pts]
+
+    def growth(xs, how):
+        fit = _wls(xs, ys, ws)
+        if fit is None or not math.isfinite(fit[1][1]):
+            return None
+        g, se = fit[0][1], fit[1][1]
+        return Growth(max(g, 0.0), max(g - 2 * se, 0.0), max(g + 2 * se, 0.0), how)
+
+    found = None
+    if all(ctx is not None for _, ctx, *_ in pts) and len(pts) >= 4:
+        found = growth([[1.0, t, ctx] for t, ctx, *_ in pts], "measured")
+    if found is None and len({k for *_, k in pts}) >= 2 and len(pts) >= 4:
+        # Several step counts (an adaptive profile, or profiles merged): at one number of
+        # requests the verified tokens still differ, so a plane through verify time against
+        # verified tokens and requests separates a token's cost from a request's (the
+        # attention over its context, taken as alike from one step count to another)
+        found = growth([[1.0, t, r] for t, _, _, _, r, _ in pts],
+                       "measured across step counts (no context lengths in the profile)")
+    if found is not None:
+        return found
+    fit = _wls([[1.0, t] for t, *_ in pts], ys, ws)
     if fit is None:
         return None
     slope = max(fit[0][1], 0.0)
