@@ -239,23 +239,32 @@ def fit_verify(points: list, steps: int) -> Growth | None:
     ws = [c for _, _, _, c, _, _ in pts]
     ys = [v for _, _, v, _, _, _ in pts]
 
-    def growth(xs, how):
+    def growth(xs, ys, ws, col, how):
         fit = _wls(xs, ys, ws)
-        if fit is None or not math.isfinite(fit[1][1]):
+        if fit is None or not math.isfinite(fit[1][col]):
             return None
-        g, se = fit[0][1], fit[1][1]
+        g, se = fit[0][col], fit[1][col]
         return Growth(max(g, 0.0), max(g - 2 * se, 0.0), max(g + 2 * se, 0.0), how)
 
     found = None
     if all(ctx is not None for _, ctx, *_ in pts) and len(pts) >= 4:
-        found = growth([[1.0, t, ctx] for t, ctx, *_ in pts], "measured")
-    if found is None and len({k for *_, k in pts}) >= 2 and len(pts) >= 4:
-        # Several step counts (an adaptive profile, or profiles merged): at one number of
-        # requests the verified tokens still differ, so a plane through verify time against
-        # verified tokens and requests separates a token's cost from a request's (the
-        # attention over its context, taken as alike from one step count to another)
-        found = growth([[1.0, t, r] for t, _, _, _, r, _ in pts],
-                       "measured across step counts (no context lengths in the profile)")
+        found = growth([[1.0, t, ctx] for t, ctx, *_ in pts], ys, ws, 1, "measured")
+    if found is None:
+        # Several step counts at one number of requests (an adaptive profile, or profiles
+        # merged): there the verified tokens differ and the requests (whose attention over
+        # their context the tokens' cost would be mistaken for) do not. Verify time against
+        # verified tokens, with a level of its own for each number of requests, so that only
+        # the step counts' differences at one number of requests measure a token's cost.
+        groups: dict[int, list] = {}
+        for p in pts:
+            groups.setdefault(round(p[4]), []).append(p)
+        mixed = [g for g in groups.values() if len({p[5] for p in g}) >= 2]
+        used = [p for g in mixed for p in g]
+        if mixed and len(used) >= len(mixed) + 2:
+            xs = [[1.0 if i == j else 0.0 for j in range(len(mixed))] + [p[0]]
+                  for i, g in enumerate(mixed) for p in g]
+            found = growth(xs, [p[2] for p in used], [p[3] for p in used], len(mixed),
+                           "measured across step counts (no context lengths in the profile)")
     if found is not None:
         return found
     fit = _wls([[1.0, t] for t, *_ in pts], ys, ws)
