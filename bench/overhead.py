@@ -283,8 +283,8 @@ def main():
     finally:
         if clocks is not None:
             clocks.stop()
-        if "on" in servers:  # the profile's open window closes after a second idle (profiler.IDLE_CLOSE_S)
-            time.sleep(2.5)
+        if "on" in servers:  # the profile's open window closes idle (profiler.IDLE_CLOSE_S: at 2 s with
+            time.sleep(3.5)  # --sleep-on-idle, whose housekeeping runs once a second)
         stop_all(servers)
 
 

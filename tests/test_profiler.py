@@ -1405,13 +1405,16 @@ def test_a_cycle_recorded_on_a_stream_the_worker_left_is_dropped_not_timed_wrong
     assert b.refreshes == 3  # the first cycle's, at the change, the next cycle's long way: not one a cycle
 
 
-def test_an_idle_server_closes_its_open_window_after_a_second(fake):
+def test_an_idle_server_closes_its_open_window_after_a_while(fake):
+    from sglang.specprof.profiler import IDLE_CLOSE_S
+
+    ms = IDLE_CLOSE_S * 1000.0
     p, b, out = fake
     for _ in range(13):  # one window of 10, three cycles in the open one
         run_cycle(p, b)
     p.idle()  # the first idle call only notes where things stand
-    b.advance(0.0, 999.0)
-    p.idle()  # 0.999 s idle: not yet
+    b.advance(0.0, ms - 1.0)
+    p.idle()  # just short of the threshold: not yet
     assert [w["window"] for w in out] == [0] and out[0]["closed_idle"] is False
     b.advance(0.0, 2.0)
     p.idle()
@@ -1424,16 +1427,62 @@ def test_an_idle_server_closes_its_open_window_after_a_second(fake):
     for _ in range(3):  # cycles after the pause start the next window, which idles again
         run_cycle(p, b)
     p.idle()
-    b.advance(0.0, 500.0)
+    b.advance(0.0, 0.6 * ms)
     run_cycle(p, b)  # a cycle in between: idle from the next call on, not from the first
     p.idle()
-    b.advance(0.0, 600.0)
+    b.advance(0.0, 0.6 * ms)
     p.idle()
     assert len(out) == 2
-    b.advance(0.0, 500.0)
+    b.advance(0.0, 0.6 * ms)
     p.idle()
     assert [w["decode_cycles"] for w in out] == [10, 3, 4] and out[2]["window"] == 2
     assert out[2]["totals"]["committed_tokens"] == 51
+
+
+def test_with_sleep_on_idle_the_window_closes_at_a_call_clear_of_the_threshold():
+    """--sleep-on-idle: upstream's housekeeping runs once a second, each TP rank's in step
+    with the others' but each on its own clock, a few hundred microseconds apart. Every rank
+    closes at the same call, whatever its offset."""
+    closed_at = set()
+    for skew_ms in (-0.4, 0.0, 0.3, 0.5):  # each a rank: its calls' times off by this much
+        b = FakeBackend()
+        out = []
+        p = Profiler(b, interval=10, sink=out.append, config={"num_steps": 3}, clock=b.clock, log_table=False)
+        for _ in range(3):
+            run_cycle(p, b)
+        calls = 0
+        while not out and calls < 10:
+            p.idle()
+            calls += 1
+            b.advance(0.0, 1000.0 + (skew_ms if calls == 1 else 0.0))  # the poll's 1 s timeout
+        closed_at.add(calls)
+    assert closed_at == {3}  # the third call, 2 s after the first, for every rank
+
+
+def test_after_an_idle_close_each_window_holds_the_cycles_of_its_own_lists(fake):
+    """v2 launches the next cycle before the last one's result: a cycle is read before the
+    list that closes the window before it, and goes to the next window. After a window closed
+    idle, with fewer cycles than the interval, the next one still ends `interval` lists on,
+    not at a multiple of the interval (which put an eleventh cycle in it, and every window
+    after it one cycle off its lists)."""
+    p, b, out = fake
+
+    def overlapped(n):
+        for i in range(n):
+            run_cycle(p, b, harvest=False)
+            if i:
+                p.harvest([2])
+        p.harvest([2])
+
+    overlapped(13)
+    p.idle()
+    b.advance(0.0, 2000.0)
+    p.idle()
+    overlapped(25)
+    got = [(w["decode_cycles"], w["buckets"]["1"]["cycles"], w["buckets"]["1"]["accept"]["verified_requests"])
+           for w in out]
+    assert got == [(10, 10, 10), (3, 3, 3), (10, 10, 10), (10, 10, 10)]
+    assert [w["closed_idle"] for w in out] == [False, True, False, False]
 
 
 def test_idle_leaves_a_cycle_in_flight_or_awaiting_its_commit_alone(fake):

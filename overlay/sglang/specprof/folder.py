@@ -77,9 +77,11 @@ class Gate:
 class Folder:
     def __init__(self, reader, interval, num_steps=None, on_close=None, on_error=None, threaded=False):
         self.reader = reader  # reads a slot's events (the profiler)
-        # window w holds the decode cycles w * interval to (w + 1) * interval - 1: the
-        # profiler closes it after that many acceptance lists, which come after their cycles
+        # the open window holds the decode cycles from the one the last close left off at to
+        # `window_end` - 1: the profiler closes it after `interval` acceptance lists, which
+        # come after their cycles (or sooner, idle, when every cycle read has its list)
         self.interval = interval
+        self.window_end = interval
         self.early: list = []  # cycles read before their window opened, added when it does
         self.num_steps = num_steps
         self.window = Window(0)
@@ -198,7 +200,7 @@ class Folder:
                             continue
                         return False  # read at the next hand-over
                     w = self.window
-                    if s.kind == "decode" and r.decode_read >= (w.index + 1) * self.interval:
+                    if s.kind == "decode" and r.decode_read >= self.window_end:
                         read = r.slot_read(s, w.index + 1)
                         self.early.append(read)
                     else:
@@ -245,6 +247,9 @@ class Folder:
         close, the folding goes on into the next one)."""
         self.reader.close_fields(extra)
         extra["backlog_dropped"] = self.dropped_batches
+        # the next window starts after the last cycle settled here: `interval` lists after the
+        # last close, or fewer when it closed idle
+        self.window_end = self.reader.decode_settled + self.interval
         closed = self.window
         self.window = Window(closed.index + 1)
         for c, end in self.early:

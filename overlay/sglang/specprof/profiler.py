@@ -48,7 +48,12 @@ HAND_OVER = 128
 HAND_OVER_POLICY = 16
 HAND_OVER_INLINE = 32
 HAND_OVER_INLINE_POLICY = 2
-IDLE_CLOSE_S = 1.0  # a window holding decode cycles closes after the server sat fully idle this long
+# A window holding decode cycles closes after the server sat fully idle this long. Not 1 s:
+# with --sleep-on-idle upstream's idle housekeeping runs once a second (its poll's timeout),
+# so a threshold of 1 s falls where the calls do, and under tensor parallelism (whose ranks
+# loop in step) one rank could close at a call where another does not; here each rank
+# closes at the third call, 2 s in, half a second past the threshold.
+IDLE_CLOSE_S = 1.5
 SWITCHES_KEPT = 256  # step-count changes a window keeps (--speculative-adaptive); beyond, counted
 
 
