@@ -1485,6 +1485,25 @@ def test_after_an_idle_close_each_window_holds_the_cycles_of_its_own_lists(fake)
     assert [w["closed_idle"] for w in out] == [False, True, False, False]
 
 
+def test_after_a_pause_the_open_window_keeps_the_cycle_whose_list_was_lost(fake):
+    """Paused with a cycle read and its acceptance list not yet given (v2: the next cycle
+    launched first), that list is lost: the open window still closes `interval` lists on, so
+    it holds that cycle too, and the windows after it hold their own cycles."""
+    p, b, out = fake
+    for i in range(15):
+        run_cycle(p, b, harvest=False)
+        if i:
+            p.harvest([2])
+    p.resume()  # the 15th cycle's list never comes
+    for i in range(26):
+        run_cycle(p, b, harvest=False)
+        if i:
+            p.harvest([2])
+    p.harvest([2])
+    got = [(w["buckets"]["1"]["cycles"], w["buckets"]["1"]["accept"]["verified_requests"]) for w in out]
+    assert got == [(10, 10), (11, 10), (10, 10), (10, 10)]
+
+
 def test_idle_leaves_a_cycle_in_flight_or_awaiting_its_commit_alone(fake):
     p, b, out = fake
     for _ in range(3):

@@ -219,7 +219,9 @@ class Folder:
                         obs.accept(it[1], it[2], it[3], steps)
                 elif kind == "lost":
                     r.lost(*it[1:])
-                elif kind == "resync":
+                elif kind == "resync":  # the lists of the cycles read and not settled are lost: the
+                    # open window holds those cycles and closes `interval` lists on, so it ends later
+                    self.window_end += max(r.decode_read - r.decode_settled, 0)
                     r.resync()
                 elif kind == "kernels":
                     r.kernel_sample(it[1])
