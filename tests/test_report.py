@@ -130,6 +130,17 @@ def test_acceptance_beyond_the_profile_goes_on_falling_between_its_bounds():
     assert rows[3]["expected_tokens"] == pytest.approx(advisor.expected_tokens([0.5, 0.8, 0.8], 3), abs=1e-4)
 
 
+def test_a_profile_at_one_step_takes_a_draft_step_to_cost_its_draft_extend():
+    """At 1 step no draft step runs the draft model, so none is timed; a step is taken to
+    cost what the draft model's extend does (an upper figure: on the H200 0.43 against 0.52
+    ms at 1 request), where it was taken to cost nothing and 8 steps came out best."""
+    inp = story_inputs(advisor.Growth(0.0, 0.0, 0.0, "measured"))
+    inp.steps, inp.step_ms, inp.per_position = 1, [0.02], [0.7]
+    rows = {r["steps"]: r for r in advisor.predict(inp)["rows"]}
+    assert rows[2]["cycle_ms"] - rows[1]["cycle_ms"] == pytest.approx(0.35, rel=1e-3)  # the draft extend
+    assert rows[8]["cycle_ms"] - rows[1]["cycle_ms"] == pytest.approx(7 * 0.35, rel=1e-3)
+
+
 def test_a_dense_profile_is_not_talked_out_of_more_steps_by_attention():
     """Verify that grows only with the KV read: the batch-size line would have cut verify at
     fewer steps; the plane sees no growth per token, and predicts the same verify time."""
