@@ -141,6 +141,22 @@ def test_a_profile_at_one_step_takes_a_draft_step_to_cost_its_draft_extend():
     assert rows[8]["cycle_ms"] - rows[1]["cycle_ms"] == pytest.approx(7 * 0.35, rel=1e-3)
 
 
+def test_a_tree_profile_counts_the_draft_tokens_it_verified():
+    """topk 2, 5 steps, 10 draft tokens a request: the advice for topk 1 at 5 steps verifies
+    6 tokens, 4 fewer than the profile did, and costs 4 tokens' growth less; the cycle as
+    profiled (10 tokens) still reproduces the measured one."""
+    inp = story_inputs(advisor.Growth(2.0, 2.0, 2.0, "measured"))
+    inp.draft_tokens = 10
+    rows = {r["steps"]: r for r in advisor.predict(inp)["rows"]}
+    extend = 0.35 * (24.0 - 4 * 2.0) / 24.0  # draft extend grows as verify does
+    assert rows[5]["cycle_ms"] == pytest.approx(26.0 - 4 * 2.0 - (0.35 - extend), rel=1e-4)
+    assert advisor.draft_tokens({"num_steps": 5, "num_draft_tokens": 10}, 5) == 10
+    assert advisor.draft_tokens({"num_steps": 5, "num_draft_tokens": 10}, 3) is None  # another step count's bucket
+    pts = [[bs, None, 5.0 + 2.0 * bs * 10, 100] for bs in (1, 2, 4)]  # verify grows 2 ms a verified token
+    assert advisor.fit_verify(pts, 5, 10).high == pytest.approx(2.0, rel=1e-6)
+    assert advisor.fit_verify(pts, 5).high == pytest.approx(2.0 * 10 / 6, rel=1e-6)  # as 6 a request: too steep
+
+
 def test_a_dense_profile_is_not_talked_out_of_more_steps_by_attention():
     """Verify that grows only with the KV read: the batch-size line would have cut verify at
     fewer steps; the plane sees no growth per token, and predicts the same verify time."""

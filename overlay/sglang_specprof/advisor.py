@@ -20,8 +20,10 @@ T(k) = fixed + draft(k) + verify(k) + draft_extend(k), each term from the profil
   to a_K (a_K * r^(i-K), r = a_K / a_(K-1) at most 1), bounded below by 0 and above by a_K
   held.
 
-Predicted tokens/s = batch * E(k) / T(k), scaled so that k = K reproduces the measured
-cycle time. Each prediction carries a low and a high figure from those bounds.
+Predicted tokens/s = batch * E(k) / T(k), scaled so that the cycle as profiled reproduces
+the measured cycle time. Each prediction carries a low and a high figure from those bounds.
+A profile with topk > 1 verified --speculative-num-draft-tokens a request, not K + 1: the
+growth is fitted and applied from there, and the advice is for topk 1 (chains of k + 1).
 """
 
 from __future__ import annotations
@@ -54,10 +56,14 @@ class Inputs:
     per_position: list[float | None]  # a_1..a_K
     growth: Growth | None = None  # None: bounded, flat to proportional
     notes: list[str] = field(default_factory=list)
+    draft_tokens: int | None = None  # tokens verified a request at K (--speculative-num-draft-tokens); None: K + 1
+
+    def verified(self) -> int:
+        return self.draft_tokens or self.steps + 1
 
     def proportional(self) -> float:
         """g if verify grew in proportion to the tokens it verifies."""
-        tokens = self.batch * (self.steps + 1)
+        tokens = self.batch * self.verified()
         return self.phases.get(VERIFY, 0.0) / tokens if tokens > 0 else 0.0
 
     def verify_growth(self) -> Growth:
@@ -89,8 +95,9 @@ def _acceptance(inp: Inputs, k: int, which: str) -> list[float]:
     return a
 
 
-def cycle_ms(inp: Inputs, k: int, per_token: float) -> float:
-    """T(k) with verify growing `per_token` GPU ms per verified token."""
+def cycle_ms(inp: Inputs, k: int, per_token: float, tokens: int | None = None) -> float:
+    """T(k) with verify growing `per_token` GPU ms per verified token, verifying `tokens` a
+    request (topk 1: k + 1)."""
     K = inp.steps
     ph = inp.phases
     fixed = sum(v for n, v in ph.items() if n not in (VERIFY, DRAFT, DRAFT_EXTEND)) + inp.between_ms
@@ -101,7 +108,7 @@ def cycle_ms(inp: Inputs, k: int, per_token: float) -> float:
     s = sum(forward_steps) / len(forward_steps) if forward_steps else ph.get(DRAFT_EXTEND, 0.0)
     draft = max(ph.get(DRAFT, 0.0) + (k - K) * s, 0.0)
     base = ph.get(VERIFY, 0.0)
-    verify = max(base + per_token * inp.batch * (k - K), 0.0)
+    verify = max(base + per_token * inp.batch * ((k + 1 if tokens is None else tokens) - inp.verified()), 0.0)
     extend = ph.get(DRAFT_EXTEND, 0.0) * (verify / base if base > 0 else 1.0)
     return fixed + draft + verify + extend
 
@@ -112,7 +119,7 @@ def predict(inp: Inputs, ks=range(1, 9)) -> dict | None:
     None."""
     K = inp.steps
     g = inp.verify_growth()
-    model_K = cycle_ms(inp, K, g.per_token)
+    model_K = cycle_ms(inp, K, g.per_token, inp.verified())  # the cycle as profiled
     scale = (inp.wall_ms / model_K) if inp.wall_ms and model_K > 0 else 1.0
     rows = []
     for k in ks:
@@ -148,8 +155,11 @@ def predict(inp: Inputs, ks=range(1, 9)) -> dict | None:
     }
 
 
-def inputs_from_bucket(bucket: dict, steps: int, growth: Growth | None = None) -> Inputs | None:
-    """Advisor inputs from one (merged) bucket of a profile; None if it has no decode cycles."""
+def inputs_from_bucket(bucket: dict, steps: int, growth: Growth | None = None, config: dict | None = None
+                       ) -> Inputs | None:
+    """Advisor inputs from one (merged) bucket of a profile; None if it has no decode cycles.
+    `config`: the profile's; at its step count, the tokens verified a request are its
+    --speculative-num-draft-tokens (with topk > 1, more than steps + 1)."""
     if not bucket.get("cycles"):
         return None
     times = [p["gpu_ms"]["mean"] for p in bucket["phases"].values()] + [
@@ -168,11 +178,20 @@ def inputs_from_bucket(bucket: dict, steps: int, growth: Growth | None = None) -
                  between_ms=bucket["between_cycles_gpu_ms"]["mean"] or 0.0,
                  wall_ms=bucket["cycle_wall_ms"]["mean"],
                  step_ms=[s["mean"] or 0.0 for s in bucket["draft_steps_gpu_ms"]],
-                 per_position=acc["per_position"], growth=growth, notes=notes)
+                 per_position=acc["per_position"], growth=growth, notes=notes,
+                 draft_tokens=draft_tokens(config, steps))
     if growth is not None and not growth.how.startswith("measured"):
         # an upper bound from batch sizes narrows the proportional one, never widens it
         inp.growth = Growth(0.0, 0.0, min(growth.high, inp.proportional()), growth.how)
     return inp
+
+
+def draft_tokens(config: dict | None, steps: int) -> int | None:
+    """The tokens a request verifies at `steps` when that is the profile's own step count and
+    it says (--speculative-num-draft-tokens); None: steps + 1 (topk 1)."""
+    config = config or {}
+    d = config.get("num_draft_tokens")
+    return d if steps == config.get("num_steps") and isinstance(d, int) and d > 0 else None
 
 
 def window_advice(summary: dict) -> dict:
@@ -187,7 +206,7 @@ def window_advice(summary: dict) -> dict:
             at = b.get("steps", steps)  # an adaptive profile's bucket: the step count it ran at
             if not at:
                 continue
-            inp = inputs_from_bucket(b, at)
+            inp = inputs_from_bucket(b, at, config=summary.get("config"))
             adv = predict(inp) if inp is not None else None
             if adv is not None:
                 out[key] = adv
@@ -232,12 +251,15 @@ def _wls(xs: list[list[float]], ys: list[float], ws: list[float]):
     return beta, se
 
 
-def fit_verify(points: list, steps: int) -> Growth | None:
+def fit_verify(points: list, steps: int, draft_tokens: int | None = None) -> Growth | None:
     """What a verified token adds to verify, from [requests per cycle, context tokens, verify ms,
     cycles(, step count)] points (one per window and bucket, `report.verify_points`; a point
-    without its own step count was run at `steps`)."""
+    without its own step count was run at `steps`, verifying `draft_tokens` a request, or
+    steps + 1)."""
     at = [p[4] if len(p) > 4 and p[4] is not None else steps for p in points]
-    pts = [(p[0] * (k + 1), p[1], p[2], p[3], p[0], k) for p, k in zip(points, at) if p[3] and p[0]]
+    per_req = [(k + 1) if len(p) > 4 and p[4] is not None or not draft_tokens else draft_tokens
+               for p, k in zip(points, at)]
+    pts = [(p[0] * d, p[1], p[2], p[3], p[0], k) for p, k, d in zip(points, at, per_req) if p[3] and p[0]]
     if len({round(t, 3) for t, *_ in pts}) < 2:
         return None  # one batch size: verify's growth with tokens is not seen
     ws = [c for _, _, _, c, _, _ in pts]

@@ -428,12 +428,13 @@ def advise(summary: dict) -> dict:
     out = {}
     if not steps:
         return out
-    fit = advisor.fit_verify(summary.get("verify_points") or [], steps)
+    fit = advisor.fit_verify(summary.get("verify_points") or [], steps,
+                             advisor.draft_tokens(summary.get("config"), steps))
     for key, b in summary["buckets"].items():
         at = window.bucket_steps(key)
         if at == 0:
             continue  # no drafting: nothing to predict other step counts from
-        inp = advisor.inputs_from_bucket(b, steps if at is None else at, fit)
+        inp = advisor.inputs_from_bucket(b, steps if at is None else at, fit, summary.get("config"))
         if inp is None:
             continue
         if topk and topk > 1:

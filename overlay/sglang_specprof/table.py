@@ -117,7 +117,7 @@ def _advice_line(bucket: dict, cfg: dict, adv: dict | None = None) -> str | None
     try:
         steps = cfg.get("num_steps")
         if adv is None:
-            inp = inputs_from_bucket(bucket, steps) if steps else None
+            inp = inputs_from_bucket(bucket, steps, config=cfg) if steps else None
             if inp is None:
                 return None
             adv = predict(inp)
