@@ -7,14 +7,16 @@ T(k) = fixed + draft(k) + verify(k) + draft_extend(k), each term from the profil
 
 - fixed: every other phase and the GPU time between cycles, as measured;
 - draft(k) = draft(K) + (k - K) * s, s the mean time of a draft step that runs the draft
-  model (the profile's steps 1..K-1);
+  model (the profile's steps 1..K-1; at K = 1, where none does, the draft extend's time);
 - verify(k) = verify(K) + g * batch * (k - K): g is what one more verified token costs.
   It is measured when the profile holds cycles of different batch sizes and their context
   lengths (a least-squares plane through verify time against verified tokens and KV
   tokens, so that the attention over longer or more sequences is not mistaken for the
-  cost of a token), with its standard error. Without context lengths, the line through
-  verify time against verified tokens only bounds g from above; with one batch size, g
-  lies between 0 (memory-bound: no growth) and verify(K) / tokens (growth in proportion);
+  cost of a token), with its standard error; without context lengths, from several step
+  counts at one number of requests (the slope through verify time against verified tokens
+  with a level for each number of requests: an adaptive profile). Otherwise the line
+  through verify time against verified tokens only bounds g from above; with one batch
+  size, g lies between 0 (memory-bound: no growth) and verify(K) / tokens (in proportion);
 - draft extend grows by the same ratio as verify;
 - beyond the profiled K, acceptance is unknown: a_i goes on falling as it fell from a_(K-1)
   to a_K (a_K * r^(i-K), r = a_K / a_(K-1) at most 1), bounded below by 0 and above by a_K
