@@ -44,6 +44,10 @@ def read(path):
         raise Refused(f"{path} is not a JSON result ({e})") from None
     if not isinstance(r, dict) or r.get("benchmark") != "overhead" or not isinstance(r.get("ratios"), list):
         raise Refused(f"{path} is not a result of bench/overhead.py (no benchmark 'overhead' with its ratios)")
+    for key in ("ratios", "ratios_off_vs_upstream"):
+        xs = r.get(key, [1.0])
+        if not isinstance(xs, list) or not xs or not all(isinstance(x, (int, float)) and x > 0 for x in xs):
+            raise Refused(f"{path} holds no rounds in {key}, or a ratio that is not a positive number")
     return r
 
 

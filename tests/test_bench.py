@@ -283,6 +283,9 @@ def test_pool_puts_the_rounds_of_one_measurement_together_and_refuses_another(tm
     (tmp_path / "junk.json").write_text("{not json")
     with pytest.raises(pool.Refused, match="not a JSON result"):
         pool.pool([a, str(tmp_path / "junk.json")])
+    for bad in ([], [1.0, "x"], [1.0, -0.5]):  # a run that stopped before its first round, a damaged file
+        with pytest.raises(pool.Refused, match="no rounds"):
+            pool.pool([_overhead_result(tmp_path / "bad.json", bad)])
 
     # the fingerprint is of the profiler the servers import, and follows its files
     pkg = tmp_path / "site" / "sglang" / "specprof"
