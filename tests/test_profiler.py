@@ -539,6 +539,38 @@ def test_context_length_of_each_cycle_is_kept_and_a_tensor_is_never_read(fake):
     assert ctx["n"] == 10 and ctx["mean"] == pytest.approx(1450.0)  # the device tensor is not counted
 
 
+def test_context_length_from_the_batch_where_upstream_keeps_no_cpu_lengths():
+    """v2 from 0.5.13 passes the ScheduleBatch: its CPU lengths where upstream keeps them,
+    else its requests' prompt and output tokens; a device tensor is never read, and a batch
+    that has neither (or breaks) gives no context, never an error."""
+    from sglang.specprof.reader import context_tokens
+
+    class T:
+        def __init__(self, device, values):
+            self.device = type("D", (), {"type": device})()
+            self.values = values
+
+        def sum(self):
+            assert self.device.type == "cpu", "a device tensor was read"
+            return sum(self.values)
+
+    class R:
+        def __init__(self, prompt, out):
+            self.origin_input_ids, self.output_ids = [0] * prompt, [0] * out
+
+    class Batch:
+        def __init__(self, lens, reqs):
+            self.seq_lens_cpu, self.reqs = lens, reqs
+
+    reqs = [R(100, 20), R(300, 5)]
+    assert context_tokens(Batch(T("cpu", [121, 306]), reqs)) == 427  # upstream's own copy first
+    assert context_tokens(Batch(None, reqs)) == 425  # the backend opted out: the requests
+    assert context_tokens(Batch(T("cuda", [1]), reqs)) == 425
+    assert context_tokens(Batch(None, [])) is None
+    assert context_tokens(Batch(None, [object()])) is None  # not a request: no context, no error
+    assert context_tokens(object()) is None
+
+
 class Req:
     """What the commit hooks read of a request: its output ids, where it stops, its state."""
 

@@ -16,13 +16,30 @@ from sglang_specprof.window import Cycle
 FIRST_MARKS = 16  # events made per slot up front; more are made the first time a cycle needs them
 
 
+def _on_cpu(t) -> bool:
+    return getattr(getattr(t, "device", None), "type", None) == "cpu"
+
+
 def context_tokens(ctx):
-    """KV tokens of a cycle: a number, or the sum of a CPU tensor of sequence lengths (0.5.16
-    on keeps only that one up to date). A device tensor is never read: that would wait."""
+    """KV tokens of a cycle, from what the hook passes: a number, a CPU tensor of sequence
+    lengths, or (v2 from 0.5.13) the ScheduleBatch, whose CPU copy of the lengths upstream
+    keeps only where its attention backend asks for one: else the sum over its requests of
+    prompt and output tokens (the output as committed, a cycle behind under overlap). A
+    device tensor is never read: that would wait. None where none of these is there; never
+    raises (called in `begin`, in the cycles timed by phase only)."""
     if ctx is None or isinstance(ctx, (int, float)):
         return ctx
-    if getattr(getattr(ctx, "device", None), "type", None) == "cpu":
-        return int(ctx.sum())
+    try:
+        if _on_cpu(ctx):
+            return int(ctx.sum())
+        lens = getattr(ctx, "seq_lens_cpu", None)
+        if lens is not None and _on_cpu(lens):
+            return int(lens.sum())
+        reqs = getattr(ctx, "reqs", None)
+        if reqs:
+            return sum(len(r.origin_input_ids) + len(r.output_ids) for r in reqs)
+    except Exception:
+        pass
     return None
 
 
