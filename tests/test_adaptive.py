@@ -529,7 +529,7 @@ def test_the_advisor_profiled_at_three_steps_predicts_one_to_five_as_the_clients
             continue
         measured = {int(k): v for k, v in analysis[load]["median_tok_s"].items() if k.isdigit()}
         adv = advice[f"{bucket}@3"]
-        assert adv["verify_growth"].startswith("measured across step counts")  # no context lengths on 0.5.16
+        assert adv["verify_growth"].startswith("measured across step counts")  # these profiles hold no context lengths
         predicted = {r["steps"]: r["tokens_per_s"] for r in adv["rows"]}
         for k in range(1, 6):
             rel = (predicted[k] / predicted[3]) / (measured[k] / measured[3])

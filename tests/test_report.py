@@ -92,7 +92,7 @@ def test_without_context_lengths_the_batch_size_line_only_bounds_the_growth():
 
 
 def test_several_step_counts_measure_the_growth_without_context_lengths():
-    """An adaptive profile (0.5.16 keeps no host copy of the sequence lengths): at one number
+    """An adaptive profile without context lengths (as 0.5.16's were): at one number
     of requests the step counts verify different numbers of tokens, so verify time against
     tokens, with a level for each number of requests, measures what a token costs apart
     from what each request's attention costs, which the batch-size line alone mixes up."""
