@@ -47,8 +47,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpu_models import write_models  # noqa: E402
 from serving import (GpuClocks, eagle3_args, installed_sglang, http, interleaved_runs, load, machine, median_ci,  # noqa: E402
-                     out_of_time, pin_schedulers, portable_command, profiler_fingerprint, quartiles, rotations,
-                     start_all, stop_all, tok_s, write_json)
+                     out_of_time, pin_schedulers, portable_command, profiler_fingerprint, ratio_summary,
+                     rotations, start_all, stop_all, tok_s, write_json)
 
 PAUSE_SIGNAL = "SIGUSR2"
 
@@ -105,14 +105,6 @@ def paused_runs(port, pids, concurrency, new_tokens, rounds, budget=None, upstre
         print(f"c={concurrency} round {r}: " + "  ".join(f"{n} {runs[n][-1]:.1f}" for n in names), flush=True)
     set_on(True)
     return runs
-
-
-def summarize(name, ratios):
-    lo, hi = quartiles(ratios)
-    return {f"median_ratio{name}": round(statistics.median(ratios), 4),
-            f"ratio{name}_iqr": [round(lo, 4), round(hi, 4)],
-            f"ratio{name}_min_max": [round(min(ratios), 4), round(max(ratios), 4)],
-            f"ratios{name}": [round(r, 4) for r in ratios]}
 
 
 def clock_summary(log, clocks, t_ref, pairs=("on", "off")):
@@ -254,13 +246,11 @@ def main():
             ratios = [on / off for on, off in zip(runs["on"], runs["off"])]
             res = {"benchmark": "overhead", "sglang": a.sglang, "concurrency": c,
                    "tok_s_off": [round(x, 2) for x in runs["off"]], "tok_s_on": [round(x, 2) for x in runs["on"]]}
-            res.update(summarize("", ratios))
-            res["median_ratio_ci95"] = [round(x, 4) for x in median_ci(ratios)]
+            res.update(ratio_summary("", ratios))
             if "upstream" in runs:
                 res["tok_s_upstream"] = [round(x, 2) for x in runs["upstream"]]
                 up = [off / u for off, u in zip(runs["off"], runs["upstream"])]
-                res.update(summarize("_off_vs_upstream", up))
-                res["median_ratio_off_vs_upstream_ci95"] = [round(x, 4) for x in median_ci(up)]
+                res.update(ratio_summary("_off_vs_upstream", up))
             res.update({"rounds": len(ratios), "new_tokens": a.new_tokens,
                         "command": portable_command("bench/overhead.py", sys.argv[1:]),
                         "machine": machine(), "date": datetime.date.today().isoformat(),

@@ -21,11 +21,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from serving import median_ci, portable_command, quartiles, write_json  # noqa: E402
+from serving import portable_command, ratio_summary, write_json  # noqa: E402
 
 SAME = ("benchmark", "sglang", "concurrency", "new_tokens", "same_process", "on_extra", "off_profile", "machine")
 
@@ -51,14 +50,6 @@ def read(path):
     return r
 
 
-def side(name, ratios):
-    lo, hi = quartiles(ratios)
-    c_lo, c_hi = median_ci(ratios)
-    return {f"median_ratio{name}": round(statistics.median(ratios), 4),
-            f"median_ratio{name}_ci95": [round(c_lo, 4), round(c_hi, 4)],
-            f"ratio{name}_iqr": [round(lo, 4), round(hi, 4)], f"ratios{name}": ratios}
-
-
 def pool(paths, same_profiler=False):
     results = [read(p) for p in paths]
     first = results[0]
@@ -80,11 +71,11 @@ def pool(paths, same_profiler=False):
                            "command": r.get("command")} for p, r in zip(paths, results)]
     out["profiler"] = next((x for x in prints if x is not None), None)
     out["rounds"] = sum(len(r["ratios"]) for r in results)
-    out.update(side("", [x for r in results for x in r["ratios"]]))
+    out.update(ratio_summary("", [x for r in results for x in r["ratios"]]))
     with_up = [r for r in results if isinstance(r.get("ratios_off_vs_upstream"), list)]
     if with_up:
         out["rounds_with_upstream"] = sum(len(r["ratios_off_vs_upstream"]) for r in with_up)
-        out.update(side("_off_vs_upstream", [x for r in with_up for x in r["ratios_off_vs_upstream"]]))
+        out.update(ratio_summary("_off_vs_upstream", [x for r in with_up for x in r["ratios_off_vs_upstream"]]))
     return out
 
 

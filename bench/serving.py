@@ -350,6 +350,17 @@ def median_ci(ratios, n=4000, seed=0):
     return meds[int(0.025 * n)], meds[int(0.975 * n) - 1]
 
 
+def ratio_summary(name, ratios):
+    """Paired ratios as a result file keeps them: their median, quartiles, extremes, the
+    ratios, and the median's 95% bootstrap interval; `name` suffixes each key."""
+    lo, hi = quartiles(ratios)
+    return {f"median_ratio{name}": round(statistics.median(ratios), 4),
+            f"ratio{name}_iqr": [round(lo, 4), round(hi, 4)],
+            f"ratio{name}_min_max": [round(min(ratios), 4), round(max(ratios), 4)],
+            f"ratios{name}": [round(r, 4) for r in ratios],
+            f"median_ratio{name}_ci95": [round(x, 4) for x in median_ci(ratios)]}
+
+
 def rotations(names, rounds):
     """The order of each round: A B C, B C A, C A B, ... so that drift falls on all alike."""
     names = list(names)

@@ -258,9 +258,9 @@ def fit_verify(points: list, steps: int, draft_tokens: int | None = None) -> Gro
     cycles(, step count)] points (one per window and bucket, `report.verify_points`; a point
     without its own step count was run at `steps`, verifying `draft_tokens` a request, or
     steps + 1)."""
-    at = [p[4] if len(p) > 4 and p[4] is not None else steps for p in points]
-    per_req = [(k + 1) if len(p) > 4 and p[4] is not None or not draft_tokens else draft_tokens
-               for p, k in zip(points, at)]
+    own = [len(p) > 4 and p[4] is not None for p in points]  # run at a step count of its own (adaptive)
+    at = [p[4] if o else steps for p, o in zip(points, own)]
+    per_req = [draft_tokens if draft_tokens and not o else k + 1 for k, o in zip(at, own)]
     pts = [(p[0] * d, p[1], p[2], p[3], p[0], k) for p, k, d in zip(points, at, per_req) if p[3] and p[0]]
     if len({round(t, 3) for t, *_ in pts}) < 2:
         return None  # one batch size: verify's growth with tokens is not seen
