@@ -442,18 +442,24 @@ RECORDED = DATA / "0.5.16-m3"
 
 
 @functools.lru_cache(maxsize=None)
-def _recorded(name="0.5.16-m3", least=500):
-    """Per (batch-size bucket, step count) of a GPU run (0.5.16, 8B-shaped dummy EAGLE3,
-    multinomial acceptance 3 (`0.5.16-m3`) or 4 (`0.5.16-m4`), steps 1-5 in every tier): the
-    mean GPU period of a cycle, the histogram of correct drafts per request, and the tokens/s
-    the profile measured; buckets of `least` cycles or more."""
+def _summary(name):
+    """The merged summary of a recorded GPU run's profile (`tests/data/adaptive/NAME`)."""
     import lzma
     import tempfile
 
     with tempfile.NamedTemporaryFile("wb", suffix=".jsonl") as f:
         f.write(lzma.decompress((DATA / name / "profile.jsonl.xz").read_bytes()))
         f.flush()
-        summary = report.summarize(report.load(f.name)[0])
+        return report.summarize(report.load(f.name)[0])
+
+
+@functools.lru_cache(maxsize=None)
+def _recorded(name="0.5.16-m3", least=500):
+    """Per (batch-size bucket, step count) of a GPU run (0.5.16, 8B-shaped dummy EAGLE3,
+    multinomial acceptance 3 (`0.5.16-m3`) or 4 (`0.5.16-m4`), steps 1-5 in every tier): the
+    mean GPU period of a cycle, the histogram of correct drafts per request, and the tokens/s
+    the profile measured; buckets of `least` cycles or more."""
+    summary = _summary(name)
     from sglang_specprof.window import bucket_bs, bucket_steps
 
     out = {}
@@ -497,18 +503,6 @@ def test_replayed_on_the_recorded_profile_the_policy_picks_what_measured_fastest
     assert rate >= 0.98 * fig[best][2]
 
 
-@functools.lru_cache(maxsize=None)
-def _advice(name):
-    import lzma
-    import tempfile
-
-    with tempfile.NamedTemporaryFile("wb", suffix=".jsonl") as f:
-        f.write(lzma.decompress((DATA / name / "profile.jsonl.xz").read_bytes()))
-        f.flush()
-        summary = report.summarize(report.load(f.name)[0])
-    return report.advise(summary)
-
-
 @pytest.mark.parametrize("name, mean", [("0.5.16-m3", "m3"), ("0.5.16-m4", "m4")])
 def test_the_advisor_profiled_at_three_steps_predicts_one_to_five_as_the_clients_measured(name, mean):
     """The recorded GPU runs (static step counts 1-5 in interleaved rounds on one server, the
@@ -522,7 +516,7 @@ def test_the_advisor_profiled_at_three_steps_predicts_one_to_five_as_the_clients
     suffix = {"m3": "m3-256", "m4": "m4-256"}[mean]
     clients = json.loads((ROOT / "bench" / "results" / f"adaptive-0.5.16-{suffix}-2026-12-02.json").read_text())
     analysis = clients["analysis"][mean]
-    advice = _advice(name)
+    advice = report.advise(_summary(name))
     checked = 0
     for bucket, load in (("1", "c1"), ("9-16", "c16"), ("17-32", "c32")):
         if load not in analysis:

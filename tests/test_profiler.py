@@ -38,6 +38,17 @@ def run_cycle(p, b, bs=1, correct=None, phases=PHASES, gap=0.4, steps=(0.2, 0.2,
         p.harvest([2] * bs if correct is None else correct)
 
 
+def run_overlapped(p, b, n, last=True):
+    """`n` cycles as v2 runs them: each one's result comes after the next cycle launched (the
+    last one's too, with `last`)."""
+    for i in range(n):
+        run_cycle(p, b, harvest=False)
+        if i:
+            p.harvest([2])
+    if last:
+        p.harvest([2])
+
+
 @pytest.fixture
 def fake():
     b = FakeBackend()
@@ -1498,19 +1509,11 @@ def test_after_an_idle_close_each_window_holds_the_cycles_of_its_own_lists(fake)
     not at a multiple of the interval (which put an eleventh cycle in it, and every window
     after it one cycle off its lists)."""
     p, b, out = fake
-
-    def overlapped(n):
-        for i in range(n):
-            run_cycle(p, b, harvest=False)
-            if i:
-                p.harvest([2])
-        p.harvest([2])
-
-    overlapped(13)
+    run_overlapped(p, b, 13)
     p.idle()
     b.advance(0.0, 2000.0)
     p.idle()
-    overlapped(25)
+    run_overlapped(p, b, 25)
     got = [(w["decode_cycles"], w["buckets"]["1"]["cycles"], w["buckets"]["1"]["accept"]["verified_requests"])
            for w in out]
     assert got == [(10, 10, 10), (3, 3, 3), (10, 10, 10), (10, 10, 10)]
@@ -1522,16 +1525,9 @@ def test_after_a_pause_the_open_window_keeps_the_cycle_whose_list_was_lost(fake)
     launched first), that list is lost: the open window still closes `interval` lists on, so
     it holds that cycle too, and the windows after it hold their own cycles."""
     p, b, out = fake
-    for i in range(15):
-        run_cycle(p, b, harvest=False)
-        if i:
-            p.harvest([2])
+    run_overlapped(p, b, 15, last=False)
     p.resume()  # the 15th cycle's list never comes
-    for i in range(26):
-        run_cycle(p, b, harvest=False)
-        if i:
-            p.harvest([2])
-    p.harvest([2])
+    run_overlapped(p, b, 26)
     got = [(w["buckets"]["1"]["cycles"], w["buckets"]["1"]["accept"]["verified_requests"]) for w in out]
     assert got == [(10, 10), (11, 10), (10, 10), (10, 10)]
 
