@@ -233,6 +233,7 @@ def main():
               f"({', '.join(f'{n} {s.ready_s} s' for n, s in servers.items())})", flush=True)
         compared = [n for n in ("off", "on", "upstream") if n in servers]
         clocks = GpuClocks() if a.gpu_clocks else None
+        profiler = profiler_fingerprint()  # the code every result below ran
         for ci, c in enumerate(a.concurrency):
             log, t_ref = [], time.time()
             budget = (t0 + a.max_seconds - time.time()) / (len(a.concurrency) - ci) if a.max_seconds else None
@@ -254,7 +255,7 @@ def main():
             res.update({"rounds": len(ratios), "new_tokens": a.new_tokens,
                         "command": portable_command("bench/overhead.py", sys.argv[1:]),
                         "machine": machine(), "date": datetime.date.today().isoformat(),
-                        "profiler": profiler_fingerprint()})
+                        "profiler": profiler})
             if clocks is not None:
                 res["gpu_clocks"] = clock_summary(log, clocks, t_ref)
             if "check" in servers:
