@@ -121,10 +121,14 @@ def _upstream_module():
 
 
 def _upstream(config):
-    """SGLang 0.5.16's own AdaptiveSpeculativeParams with a config, from the pinned wheel."""
+    """SGLang 0.5.16's own AdaptiveSpeculativeParams with a config (None: its default), from the
+    pinned wheel."""
     import json
     import os
     import tempfile
+
+    if config is None:
+        return _upstream_module().AdaptiveSpeculativeParams(initial_steps=3, cfg_path=None)
 
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump(config, f)
@@ -174,7 +178,7 @@ def run_policy(policy, p, b, bs, mean, cost, cycles, seed=1, hook=None, draws=No
 
 def _cost_policy(config, **kw):
     p, b, out = _profiler(interval=200)
-    policy = pol.CostPolicy(_upstream(config))
+    policy = pol.CostPolicy(_upstream(config), **kw)
     p.policy = policy
     p.folder.observer = policy
     return policy, p, b, out
@@ -355,6 +359,98 @@ def test_the_cost_policy_follows_a_load_that_changes_regime_and_beats_the_ema_ru
             tok += d(s, 1)[0] + 1
         return ms / tok
     assert ms_per_token(used) < 0.95 * ms_per_token(used_ema)
+
+
+GRAPH_BS = [1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 64, 96, 128]
+
+
+def test_without_a_config_every_tier_may_run_every_step_count_up_to_the_launch_one():
+    """Upstream's default config runs 0 steps from 64 requests and [0, 1] from 32, and captures
+    graphs only where a tier lists a step count: the policy could not leave 0 where 3 steps
+    decoded 2.4x its tokens/s. With no config file its candidates are 0 to the launch step
+    count in every tier (upstream's own beside them: 7 at batch 1-7), with graphs at every
+    batch size for them, and every tier starts at the launch step count."""
+    up = _upstream(None)
+    policy = pol.CostPolicy(up, launch_steps=3, widen=True)
+    policy.set_cuda_graph_bs(GRAPH_BS)
+    assert {k: t.candidates for k, t in policy.tiers.items()} == {
+        1: [0, 1, 2, 3, 7], 8: [0, 1, 2, 3], 32: [0, 1, 2, 3], 64: [0, 1, 2, 3]}
+    assert {k: t.steps for k, t in policy.tiers.items()} == dict.fromkeys((1, 8, 32, 64), 3)
+    assert policy.candidate_steps == [0, 1, 2, 3, 7]
+    for s in (0, 1, 2, 3):
+        assert policy.cuda_graph_bs_for_step(s) == GRAPH_BS
+    assert policy.cuda_graph_bs_for_step(7) == [1, 2, 4] == up.cuda_graph_bs_for_step(7)
+    # upstream's own chooser is left as it was: its `ema` mode is its default config
+    assert up._route(48).candidate_steps == [0, 1] and up.cuda_graph_bs_for_step(3) == [1, 2, 4, 8, 12, 16, 24]
+    # a config file restricts the candidates to its own
+    narrow = pol.CostPolicy(_upstream({"1": {"candidate_steps": [2, 3]}}), launch_steps=5, widen=False)
+    assert narrow.tiers[1].candidates == [2, 3] and narrow.candidate_steps == [2, 3]
+
+
+def test_at_a_busy_tier_the_policy_leaves_zero_steps_that_upstreams_default_sits_on():
+    """The GPU's figures at 33-64 running requests (8B-shaped pair, acceptance 3): 14.6 ms a cycle
+    at 0 steps (one token a request), 16.0 at 3. Upstream's default tier of 32 runs [0, 1]."""
+    def cost(s, bs):
+        return 14.6 + 0.47 * s
+
+    bs, mean = 40, 3.0
+    policy, p, b, _ = _cost_policy(None, launch_steps=3, widen=True)
+    policy.set_cuda_graph_bs(GRAPH_BS)
+    used, _ = run_policy(policy, p, b, bs, mean, cost, 1500)
+    ups = _upstream(None)
+    ups.set_cuda_graph_bs(GRAPH_BS)
+    p2, b2, _ = _profiler()
+    used_ema, _ = run_policy(ups, p2, b2, bs, mean, cost, 1500)
+    rates = {s: expected_rate(mean, cost, bs, s) for s in range(4)}
+    rates[0] = bs / cost(0, bs)
+    best = max(rates, key=rates.get)
+    assert best == 3
+    got = sum(rates[s] for s in used[-500:]) / 500
+    ema = sum(rates[s] for s in used_ema[-500:]) / 500
+    assert got >= 0.98 * rates[best] and got >= 1.3 * ema, (got, ema, rates, set(used_ema[-500:]))
+
+
+def test_a_tier_that_has_run_only_at_zero_steps_takes_the_acceptance_of_the_others():
+    """A user's config that starts a tier at 0: it measures no acceptance of its own, so without
+    the other tiers' it could never rate a step count above 0 (its explore then raised and
+    handed the server to upstream's rule)."""
+    policy, p, b, _ = _cost_policy({"1": {"candidate_steps": [1, 2, 3]}, "16": {"candidate_steps": [0, 2, 3]}})
+    policy.set_cuda_graph_bs(GRAPH_BS)
+    policy.tiers[16].steps = 0
+    run_policy(policy, p, b, 1, 3.0, lambda s, bs: 7.0 + 0.4 * s, 300)  # tier 1 learns the acceptance
+    used, _ = run_policy(policy, p, b, 16, 3.0, lambda s, bs: 14.0 + 0.5 * s, 600)
+    assert policy.mode == "cost" and used[-200:].count(0) < 40, {s: used[-200:].count(s) for s in (0, 2, 3)}
+
+
+def test_benchmark_modes_run_upstreams_rule_on_other_candidates(tmp_path):
+    """`ema-all`: upstream's own rule over the policy's candidates; `ema:PATH`: over a config file
+    (one `report --adaptive-config` wrote); refused, in one sentence, where the server has no graphs."""
+    policy = pol.CostPolicy(_upstream(None), launch_steps=3, widen=True)
+    policy.set_cuda_graph_bs(GRAPH_BS)
+    policy.set_mode("ema")
+    assert policy.get_steps_for_batch(100) == 0 and policy.mode_name() == "ema"
+    policy.set_mode("ema-all")
+    assert policy.mode_name() == "ema-all" and policy.rule._route(100).candidate_steps == [0, 1, 2, 3]
+    assert policy.rule._route(100).down_hysteresis == policy.up._route(100).down_hysteresis
+    assert policy.get_steps_for_batch(100) == 3  # upstream's rule starts at the launch step count
+    cfg = tmp_path / "ad.json"
+    cfg.write_text(json.dumps({"1": {"candidate_steps": [3]}, "32": {"candidate_steps": [2, 3]}}))
+    policy.set_mode(f"ema:{cfg}")
+    assert policy.mode_name() == f"ema:{cfg}" and policy.get_steps_for_batch(40) in (2, 3)
+    assert policy.state()["mode"] == f"ema:{cfg}"
+    cfg = tmp_path / "ad5.json"
+    cfg.write_text(json.dumps({"1": {"candidate_steps": [5]}}))
+    with pytest.raises(ValueError, match=r"\[5\] are not among"):
+        policy.set_mode(f"ema:{cfg}")  # made afresh: a new name (the mode file's text changes with each set)
+    with pytest.raises(ValueError, match="FileNotFoundError"):
+        policy.set_mode(f"ema:{tmp_path / 'missing.json'}")
+    cfg = tmp_path / "ad7.json"  # 7 has graphs at batch sizes 1-4 only
+    cfg.write_text(json.dumps({"1": {"candidate_steps": [3, 7]}}))
+    with pytest.raises(ValueError, match=r"no graphs at batch size 8 for step counts \[7\]"):
+        policy.set_mode(f"ema:{cfg}")
+    assert policy.mode_name() == f"ema:{tmp_path / 'ad.json'}"  # a refused mode leaves the last one
+    policy.set_mode("cost")
+    assert policy.mode_name() == "cost" and policy.get_steps_for_batch(40) == 3
 
 
 def test_pinned_and_ema_modes_and_the_mode_file(tmp_path, monkeypatch):

@@ -175,13 +175,17 @@ def adaptive(controller, server_args) -> None:
     if not P.enabled or (mode == "ema" and not os.environ.get(POLICY_FILE_ENV)):
         return
     try:
-        policy = CostPolicy(controller.params, mode=mode)
+        # no config file: the policy's candidates are every step count up to the launch one
+        policy = CostPolicy(controller.params, mode=mode,
+                            launch_steps=getattr(server_args, "speculative_num_steps", None),
+                            widen=getattr(server_args, "speculative_adaptive_config", None) is None)
         controller.params = policy
         P.policy = policy
         P.folder.observer = policy
         follow_file(policy)
-        logger.info("speculative adaptive policy %s (tiers %s, candidates %s)", mode,
-                    ", ".join(map(str, policy.bs_list)), policy.candidate_steps)
+        logger.info("speculative adaptive policy %s (tiers %s; candidates %s)", mode,
+                    ", ".join(map(str, policy.bs_list)),
+                    "; ".join(f"{k}: {t.candidates}" for k, t in policy.tiers.items()))
     except Exception as e:
         logger.warning("speculative adaptive policy could not start (%s: %s); upstream's rule is used.",
                        type(e).__name__, e)

@@ -62,8 +62,10 @@ TRIM = 0.1  # share of them left out at each end (stalls; a switch's first cycle
 PROBE_REQUESTS = 32  # a probe runs until this many requests ran at its step count (MIN_CYCLES at least)
 UPPER_Z = 2.0  # a neighbour is probed while its acceptance 2 standard errors up would beat the current figure
 COOLDOWN = 25  # ... at most once in 25 probes' time
+SHARED_UNTIL = 32  # requests (decayed: about 50 a request of batch at most) a tier's own first position needs before its acceptance replaces the pooled one
 POLICY_FILE_ENV = "SGLANG_SPECPROF_POLICY_FILE"
-MODES = ("cost", "ema")
+SLOT_SETTINGS = ("ema_alpha", "update_interval", "warmup_batches", "down_hysteresis", "up_hysteresis",
+                 "ceiling_coeff")  # upstream's per-tier settings, kept where `ema-all` changes the candidates
 
 
 class Period:
@@ -181,12 +183,13 @@ class Acceptance:
 class Tier:
     """One of upstream's batch-size tiers: its candidates, the step count it runs, its figures."""
 
-    def __init__(self, key, candidates, steps):
+    def __init__(self, key, candidates, steps, shared=None):
         self.key = key
-        self.candidates = candidates  # upstream's slot: sorted, and holding `steps`
+        self.candidates = candidates  # sorted, and holding `steps`
         self.steps = steps
         self.periods = {c: Period() for c in self.candidates}
         self.accept = Acceptance()
+        self.shared = shared  # every tier's acceptance pooled: for a tier that has measured too little of its own
         self.cycles = 0  # decode cycles of this tier (the scheduler's count)
         self.next_decision = UPDATE_CYCLES
         self.probing = None  # the candidate being measured, while a probe runs
@@ -253,11 +256,20 @@ class Tier:
         slope = min(slope, t / (self.steps + 1))
         return t + slope * (c - self.steps), "predicted"
 
+    def acceptance(self) -> Acceptance:
+        """This tier's acceptance once SHARED_UNTIL requests reached its first position, else every
+        tier's pooled (a tier that has run only at 0 steps, or just began, measured none): what a
+        request accepts depends on the request, not on how many ran beside it."""
+        own = self.accept
+        if self.shared is None or (own.reached and own.reached[0] >= SHARED_UNTIL):
+            return own
+        return self.shared
+
     def rate(self, c, z=0.0, at=(None, 0.0)):
         """(tokens a request gets per GPU ms at `c`, how its period is known); with `z`, the
         acceptance at its upper bound (`Acceptance.tokens`); `at`: see `period`."""
         t, how = self.period(c, at)
-        e = self.accept.tokens(c, z)
+        e = self.acceptance().tokens(c, z)
         if t is None or e is None:
             return None, "unknown"
         return e / t, how
@@ -265,48 +277,72 @@ class Tier:
 
 class CostPolicy:
     """Stands where upstream's AdaptiveSpeculativeParams stood; keeps it for `ema` mode and
-    for what the controller reads of it (candidate steps, graph batch sizes)."""
+    for what the controller reads of it (candidate steps, graph batch sizes).
 
-    def __init__(self, upstream, mode="cost"):
+    `launch_steps` with `widen` (no config file given): every tier's candidates are 0 to the
+    launch step count, with upstream's own for the tier beside them, and graphs are captured
+    for each of them at every batch size (`cuda_graph_bs_for_step`); every tier starts at the
+    launch step count. A user's config file (`widen` False) restricts them to its own."""
+
+    def __init__(self, upstream, mode="cost", launch_steps=None, widen=False):
         self.up = upstream
+        self.rule = upstream  # upstream's rule as the `ema` modes run it (`set_mode`)
         self.mode = mode
         slots = upstream._slots  # tier -> AdaptiveStepSlot (0.5.16): its candidates and first step count
         self.bs_list = sorted(slots)
-        self.tiers = {bs: Tier(bs, slots[bs].candidate_steps, slots[bs].current_steps) for bs in self.bs_list}
+        self.launch_steps = launch_steps
+        self.widened = bool(widen and launch_steps is not None and launch_steps >= 0)
+        self.shared = Acceptance()
+        self.tiers = {}
+        for bs in self.bs_list:
+            cands, first = list(slots[bs].candidate_steps), slots[bs].current_steps
+            if self.widened:
+                cands = sorted(set(cands) | set(range(0, launch_steps + 1)))
+                first = launch_steps
+            self.tiers[bs] = Tier(bs, cands, first, self.shared)
         self._by_slot = {id(slots[bs]): self.tiers[bs] for bs in self.bs_list}
         self.pinned = None
         self.switches = 0
         self.mode_file = None  # benchmarks: where `reread` takes the mode from (follow_file)
         self._mode_text = None
+        self._rules = {}  # benchmarks: the upstream rules built for `ema-all` and `ema:PATH`
 
     # -- what the controller calls (upstream's interface) --------------------------------------
     @property
     def candidate_steps(self):
-        return self.up.candidate_steps
+        """Every step count a tier may run (the controller builds a runtime state for each)."""
+        return sorted(set(self.up.candidate_steps) | {c for t in self.tiers.values() for c in t.candidates})
 
     def set_cuda_graph_bs(self, cuda_graph_bs):
         self.up.set_cuda_graph_bs(cuda_graph_bs)
+        for r in self._rules.values():
+            r.set_cuda_graph_bs(cuda_graph_bs)
 
     def cuda_graph_bs_for_step(self, step):
-        return self.up.cuda_graph_bs_for_step(step)
+        """The graph batch sizes to capture at `step`: those whose tier may run it (upstream's
+        pruning, over this policy's candidates)."""
+        got = self.up.cuda_graph_bs_for_step(step)
+        if got is None or not self.widened:
+            return got
+        return [v for v in self.up._cuda_graph_bs if step in self.tiers[self.up._find_closest_bs(v)].candidates]
 
     def get_steps_for_batch(self, batch_size):
         if self.pinned is not None:
             return self.pinned
         if self.mode == "ema":
-            return self.up.get_steps_for_batch(batch_size)
+            return self.rule.get_steps_for_batch(batch_size)
         try:
             return self.tier(batch_size).steps
         except Exception as e:  # never take the server down: upstream's rule takes over
             logger.warning("speculative adaptive policy: %s: %s; upstream's rule takes over.", type(e).__name__, e)
-            self.mode = "ema"
+            self.mode, self.rule = "ema", self.up
             return self.up.get_steps_for_batch(batch_size)
 
     def on_verify_complete(self, num_correct_drafts_per_req, batch_size):
         if self.pinned is not None:
             return None
         if self.mode == "ema":
-            return self.up.on_verify_complete(num_correct_drafts_per_req, batch_size)
+            return self.rule.on_verify_complete(num_correct_drafts_per_req, batch_size)
         try:
             t = self.tier(batch_size)
             t.cycles += 1
@@ -314,7 +350,7 @@ class CostPolicy:
                 return self.decide(t)
         except Exception as e:  # never take the server down: upstream's rule takes over
             logger.warning("speculative adaptive policy: %s: %s; upstream's rule takes over.", type(e).__name__, e)
-            self.mode = "ema"
+            self.mode, self.rule = "ema", self.up
         return None
 
     def tier(self, bs):
@@ -349,6 +385,7 @@ class CostPolicy:
         if steps is None or not correct or not self.learning():
             return
         self.tier(len(correct) + skipped).accept.add(correct, steps)
+        self.shared.add(correct, steps)
 
     # -- the decision (the scheduler's thread) ---------------------------------------------------
     def decide(self, t):
@@ -380,6 +417,8 @@ class CostPolicy:
             if 0 <= j < len(t.candidates):
                 c = t.candidates[j]
                 r, how = rates[c]
+                if r is None:
+                    continue
                 if how == "predicted" and r >= here * (1 - EXPLORE_MARGIN):
                     return self._probe(t, c, here, r)
                 up = t.rate(c, UPPER_Z, at)[0]
@@ -410,7 +449,7 @@ class CostPolicy:
     # -- reads ------------------------------------------------------------------------------
     def state(self) -> dict:
         """What /server_info and each profile window show of the policy."""
-        mode = f"pinned {self.pinned}" if self.pinned is not None else self.mode
+        mode = self.mode_name()
         try:
             tiers = {str(k): {"steps": t.steps, "probing": t.probing,
                               "tokens_per_s": {str(c): v for c, v in t.last.items()}}
@@ -442,15 +481,67 @@ class CostPolicy:
             logger.warning("speculative adaptive policy: mode unchanged (%s)", e)
 
     def set_mode(self, text: str) -> None:
-        """`cost`, `ema`, or a step count to pin every tier to (benchmarks)."""
+        """`cost`; `ema` (upstream's rule on its own tiers); `ema-all` (upstream's rule over this
+        policy's candidates); `ema:PATH` (upstream's rule with the config file PATH, e.g. one
+        `report --adaptive-config` wrote); or a step count to pin every tier to (benchmarks)."""
         text = text.strip()
-        if text in MODES:
-            self.mode, self.pinned = text, None
-        elif text.isdigit() and int(text) in self.up.candidate_steps:
+        if text == "cost":
+            self.mode, self.pinned = "cost", None
+        elif text == "ema" or text == "ema-all" or text.startswith("ema:"):
+            rule = self.up if text == "ema" else self._rule(text)
+            self.mode, self.pinned, self.rule = "ema", None, rule
+        elif text.isdigit() and int(text) in self.candidate_steps:
             self.pinned = int(text)
         else:
-            raise ValueError(f"not a mode: {text!r} (cost, ema, or one of the candidate steps "
-                             f"{self.up.candidate_steps})")
+            raise ValueError(f"not a mode: {text!r} (cost, ema, ema-all, ema:CONFIG, or one of the candidate "
+                             f"steps {self.candidate_steps})")
+
+    def mode_name(self) -> str:
+        if self.pinned is not None:
+            return f"pinned {self.pinned}"
+        if self.mode == "ema" and self.rule is not self.up:
+            return next((k for k, r in self._rules.items() if r is self.rule), "ema")
+        return self.mode
+
+    def _rule(self, text):
+        """Upstream's own chooser, made afresh from a config: this policy's candidates per tier
+        (`ema-all`, upstream's other settings of each tier kept) or the file after `ema:`. Its
+        step counts must be ones this server has graphs for."""
+        if text in self._rules:
+            return self._rules[text]
+        import json
+        import tempfile
+
+        path = text[4:] if text.startswith("ema:") else None
+        initial = self.launch_steps if self.launch_steps is not None else self.tiers[self.bs_list[0]].steps
+        try:
+            if path is None:
+                cfg = {}
+                for bs, slot in self.up._slots.items():
+                    cfg[str(bs)] = {k: getattr(slot, k) for k in SLOT_SETTINGS if hasattr(slot, k)}
+                    cfg[str(bs)]["candidate_steps"] = list(self.tiers[bs].candidates)
+                with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+                    json.dump(cfg, f)
+                try:
+                    rule = type(self.up)(initial_steps=initial, cfg_path=f.name)
+                finally:
+                    os.remove(f.name)
+            else:
+                rule = type(self.up)(initial_steps=initial, cfg_path=path)
+        except (OSError, ValueError, TypeError, KeyError, AttributeError) as e:
+            raise ValueError(f"{text}: {type(e).__name__}: {e}") from None
+        missing = sorted(set(rule.candidate_steps) - set(self.candidate_steps))
+        if missing:
+            raise ValueError(f"{text}: step counts {missing} are not among this server's {self.candidate_steps}")
+        graphs = self.up._cuda_graph_bs
+        for v in graphs or ():  # each captured batch size: a graph for every step count its tier may run
+            rule.set_cuda_graph_bs(graphs)
+            lacking = [c for c in rule._route(v).candidate_steps if v not in (self.cuda_graph_bs_for_step(c) or ())]
+            if lacking:
+                raise ValueError(f"{text}: this server has no graphs at batch size {v} for step counts {lacking}")
+        rule.set_cuda_graph_bs(self.up._cuda_graph_bs)
+        self._rules[text] = rule
+        return rule
 
 
 def follow_file(policy: CostPolicy) -> None:
