@@ -79,7 +79,8 @@ def test_buckets_are_keyed_by_the_step_count_each_cycle_ran_at():
     assert p.flush()
     (w,) = out
     assert set(w["buckets"]) == {"2@1", "2@2", "2@3"}
-    for key, s, n in (("2@1", 1, 10), ("2@2", 2, 5), ("2@3", 3, 15)):
+    # the first cycle after each change is the switch's (its GPU time holds the swap), not the setting's
+    for key, s, n in (("2@1", 1, 9), ("2@2", 2, 4), ("2@3", 3, 14)):
         bk = w["buckets"][key]
         assert bk["steps"] == s and bk["cycles"] == n
         # every draft right at s steps: s + 1 tokens each, from the harvest one cycle later
@@ -87,6 +88,10 @@ def test_buckets_are_keyed_by_the_step_count_each_cycle_ran_at():
         assert len(bk["accept"]["per_position"]) == s
         assert bk["phases"]["verify"]["gpu_ms"]["mean"] == pytest.approx((2.0 + 0.5 * s) * 0.6)
     assert w["totals"]["committed_tokens"] == load.client == sum(2 * (s + 1) for s in plan)
+    sc = w["switch_cycles"]
+    assert sc["cycles"] == 3 and sc["committed_tokens"] == 2 * (1 + 1) + 2 * (3 + 1) + 2 * (2 + 1)
+    assert sc["committed_tokens"] + sum(bk["accept"]["committed_tokens"] for bk in w["buckets"].values()) == load.client
+    assert sc["mean_gpu_ms"] == pytest.approx((2.5 + 3.5 + 3.0) / 3, rel=0.05)  # no swap time in this load
     sw = w["adaptive"]["switches"]
     assert [(x["from"], x["to"], x["bs"]) for x in sw] == [(3, 1, 2), (1, 3, 2), (3, 2, 2)]
     assert sw[0]["t_s"] < sw[1]["t_s"] < sw[2]["t_s"] and w["adaptive"]["steps"] == 2
@@ -95,6 +100,32 @@ def test_buckets_are_keyed_by_the_step_count_each_cycle_ran_at():
     advice = report.advise(summary)
     assert {k: a["profiled_steps"] for k, a in advice.items()} == {"2@1": 1, "2@2": 2, "2@3": 3}
     assert all(len(p) == 5 for p in summary["verify_points"])
+    assert summary["switch_cycles"]["cycles"] == 3
+    assert "switches of step count: 3 first cycles at the new count" in report.render(summary, advice)
+
+
+def test_a_switch_s_swap_and_compile_are_shown_as_the_switch_s_not_the_setting_s():
+    """A probe's first cycle holds the worker's swap of graphs (the GPU idle meanwhile) and, the
+    first time a step count runs, what its first replay compiles: on the H200 a bucket of 30
+    probe cycles read 79 tok/s at 7 steps against 370 at 3. The bucket keeps the setting's own
+    cycles; the switches' first cycles are counted apart with their cost."""
+    plan = ([3] * 40 + [5] * 8) * 4 + [3] * 10
+    p, b, out = _profiler(interval=len(plan))
+    load = Load(p, b, [Req()], switch_ms=40.0)
+    for s in plan:
+        load.cycle(s)
+    load.result()
+    assert p.flush()
+    summary = report.summarize(out)
+    rows = report.by_steps(summary)["1"]
+    # the buckets' figures: cycles of 2.0 + 0.5 s ms, every draft right (s + 1 tokens)
+    for s in (3, 5):
+        assert rows["tokens_per_s"][s] == pytest.approx(1000.0 * (s + 1) / (2.0 + 0.5 * s), rel=0.02)
+    sc = summary["switch_cycles"]
+    assert sc["cycles"] == 8 and sc["gap_gpu_ms"] == pytest.approx(8 * 40.0, rel=0.01)
+    assert sc["mean_gpu_ms"] > 40.0 > 10 * sc["other_cycles_mean_gpu_ms"]
+    assert sc["committed_tokens"] + sum(b["accept"]["committed_tokens"] for b in summary["buckets"].values()) == \
+        load.client
 
 
 def test_a_fixed_step_count_keeps_the_plain_bucket_names():

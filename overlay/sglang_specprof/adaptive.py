@@ -9,10 +9,11 @@ captured graph size), and keys that are not integers are ignored.
 Here each tier is a bucket of the profile (1, 2, 3-4, 5-8, ...: the key is its smallest
 batch size) and its candidates are the step counts whose predicted tokens/s is within
 `margin` of the bucket's best prediction: the cost the accept-length rule never looks at
-narrows what it may choose from. Step 0 (no drafting) is never proposed: a speculative
-profile does not measure plain decoding. A profile taken under --speculative-adaptive
-(0.5.16) that measured a bucket at several step counts gives that tier its candidates from
-the measurements: those within `margin` of the best measured.
+narrows what it may choose from. From predictions alone step 0 (no drafting) is never
+proposed: a profile at a fixed step count does not measure it. A profile taken under
+--speculative-adaptive (0.5.16) that measured a bucket at several step counts, 0 among them,
+gives that tier its candidates from the measurements: those within `margin` of the best
+measured, 0 too where it measured within the margin.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ def measured_candidates(row: dict, margin: float = DEFAULT_MARGIN) -> list[int]:
     the step counts whose measured tokens/s is within `margin` of the best measured."""
     tok = row["tokens_per_s"]
     floor = tok[row["best"]] * (1.0 - margin)
-    return sorted(s for s, t in tok.items() if t >= floor and s > 0)
+    return sorted(s for s, t in tok.items() if t >= floor)
 
 
 def upstream_config(summary: dict, advice: dict, margin: float = DEFAULT_MARGIN, source: str = "",

@@ -344,6 +344,7 @@ class Merge:
         self.lost = dict.fromkeys(("dropped_cycles", "steps_lost", "marks_lost", "uncut_cycles"), 0)
         self.kernels: list = []
         self.beside = dict.fromkeys(("prefill_seconds", "beside_prefill_seconds", "admissions"), 0)
+        self.switch = dict.fromkeys(("cycles", "gpu_ms", "gap_gpu_ms", "committed_tokens"), 0)
         self.recent: dict = {}  # (rank, window) -> window, the last KERNEL_SOURCES
 
     def add(self, w: dict) -> None:
@@ -360,6 +361,9 @@ class Merge:
             self.committed += b["accept"]["committed_tokens"]
         self.decode_cycles += w["decode_cycles"]
         self.busy += w["seconds"] or 0
+        for k, v in (w.get("switch_cycles") or {}).items():
+            if k in self.switch and isinstance(v, (int, float)) and not isinstance(v, bool):
+                self.switch[k] += v
         for k in self.beside:
             self.beside[k] += w.get(k) or 0
         self.points.extend(verify_points([w]))
@@ -390,8 +394,19 @@ class Merge:
                 "buckets": {k: window.with_steps(k, self.buckets[k].result())
                             for k in sorted(self.buckets, key=window.bucket_order)},
                 "verify_points": self.points,
+                **({"switch_cycles": self._switches()} if self.switch["cycles"] else {}),
                 **self.lost,
                 "kernels": kernels.merge(self.kernels)}
+
+
+    def _switches(self) -> dict:
+        """The first cycle after each change of step count, summed: what the switches cost beside
+        what the other decode cycles took on average."""
+        s = dict(self.switch, gpu_ms=_r(self.switch["gpu_ms"]), gap_gpu_ms=_r(self.switch["gap_gpu_ms"]))
+        s["mean_gpu_ms"] = _r(self.switch["gpu_ms"] / s["cycles"]) if s["cycles"] else None
+        cycles = sum(b.cycles for b in self.buckets.values())
+        s["other_cycles_mean_gpu_ms"] = _r(1000.0 * self.busy / cycles) if cycles and self.busy else None
+        return s
 
 
 def summarize(windows) -> dict:
@@ -472,9 +487,21 @@ def format_by_steps(rows: dict) -> list[str]:
     return lines
 
 
+def format_switches(summary: dict) -> list[str]:
+    s = summary.get("switch_cycles")
+    if not s or not s.get("cycles"):
+        return []
+    other = s.get("other_cycles_mean_gpu_ms")
+    return [f"switches of step count: {s['cycles']} first cycles at the new count, kept out of the buckets; "
+            f"{s['mean_gpu_ms']} ms GPU each (of which {s['gap_gpu_ms'] / s['cycles']:.3f} ms idle before it, "
+            f"the worker's swap)" + (f" against {other} ms for the other decode cycles" if other else "")
+            + f"; {s['gpu_ms'] / 1000.0:.3f} s in all"]
+
+
 def render(summary: dict, advice: dict) -> str:
     text = [format_summary(summary, advice=advice)]
     text += format_by_steps(by_steps(summary))
+    text += format_switches(summary)
     for key, adv in advice.items():
         text.append(f"bs {key} " + advisor.format_advice(adv))
     for key, b in summary.get("buckets", {}).items():

@@ -46,6 +46,9 @@ class Cycle:
     # work admitting the requests: neither decode nor prefill time)
     beside_prefill_ms: float | None = None
     steps: int | None = None  # the step count it ran at, under --speculative-adaptive (else None)
+    # the first decode cycle after the step count changed: its GPU time holds the worker's swap of
+    # graphs (and what a first replay compiles), the switch's cost, not the setting's
+    switched: bool = False
 
 
 GRAPH_KINDS = ("draft", "verify", "draft_extend")  # the forwards that replay a CUDA graph or run eager
@@ -382,6 +385,40 @@ class Bucket:
         return self.committed / busy if busy > 0 else float("nan")
 
 
+class Switches:
+    """The first decode cycle at a step count after each change (--speculative-adaptive): its
+    GPU time (its span and the GPU time before it, where the host swapped the worker's graphs)
+    and tokens, kept out of the buckets and shown as what the switches cost."""
+
+    def __init__(self):
+        self.cycles = 0
+        self.gpu_ms = 0.0
+        self.gap_ms = 0.0
+        self.committed = 0
+        self.drain_cycles = 0
+
+    def add_cycle(self, c: Cycle) -> None:
+        self.cycles += 1
+        if c.drained:
+            self.drain_cycles += 1
+            return
+        whole = c.whole[0] if c.whole is not None else sum(g for _, g, _ in c.phases)
+        self.gpu_ms += whole + (c.gap_gpu_ms or 0.0)
+        self.gap_ms += c.gap_gpu_ms or 0.0
+
+    def add_accept(self, correct_per_req: list[int], committed: list[int] | None = None, skipped: int = 0) -> None:
+        self.committed += sum(int(c) + 1 for c in correct_per_req) if committed is None else sum(map(int, committed))
+
+    def uncharge(self, ms: float) -> None:
+        self.gpu_ms -= ms
+        self.drain_cycles += 1
+
+    def summary(self) -> dict:
+        n = self.cycles - self.drain_cycles
+        return {"cycles": self.cycles, "gpu_ms": _r(self.gpu_ms), "gap_gpu_ms": _r(self.gap_ms),
+                "mean_gpu_ms": _r(self.gpu_ms / n) if n > 0 else None, "committed_tokens": self.committed}
+
+
 class Window:
     """One summary window: cycles and acceptance per batch-size bucket."""
 
@@ -395,6 +432,7 @@ class Window:
         self.slowest: Cycle | None = None  # the decode cycle with the longest phases, kept whole
         self._slowest_ms = -1.0
         self._by: dict = {}  # (bs, steps) -> its bucket: each cycle and list looks its bucket up once
+        self.switches = Switches()
 
     def bucket(self, bs: int, steps: int | None = None) -> Bucket:
         b = self._by.get((bs, steps))
@@ -407,10 +445,13 @@ class Window:
         return b
 
     def add_cycle(self, c: Cycle, end_host_s: float | None = None) -> None:
-        self.bucket(c.bs, c.steps).add_cycle(c)
+        if c.switched and c.kind == "decode":
+            self.switches.add_cycle(c)
+        else:
+            self.bucket(c.bs, c.steps).add_cycle(c)
         if c.kind == "decode":
             self.decode_cycles += 1
-            if c.whole is None and c.host_start_s is not None and len(c.host_offsets_ms) == len(c.phases):
+            if not c.switched and c.whole is None and c.host_start_s is not None and len(c.host_offsets_ms) == len(c.phases):
                 self.samples.append(c)
                 total = sum(g for _, g, _ in c.phases)
                 if total > self._slowest_ms:
@@ -420,18 +461,24 @@ class Window:
         if end_host_s is not None:
             self.last_host_s = end_host_s
 
-    def uncharge(self, bs: int, ms: float, steps: int | None = None) -> None:
+    def uncharge(self, bs: int, ms: float, steps: int | None = None, switched: bool = False) -> None:
         """A cycle read before it was found drained: its time is not decode time."""
+        if switched:
+            self.switches.uncharge(ms)
+            return
         b = self.bucket(bs, steps)
         b.decode_ms -= ms
         b.drain_cycles += 1
 
     def add_accept(self, correct_per_req: list[int], committed: list[int] | None = None, skipped: int = 0,
-                   steps: int | None = None) -> None:
+                   steps: int | None = None, switched: bool = False) -> None:
         """One cycle's acceptance, in the bucket of its batch size (the requests that took its
-        tokens and the `skipped` ones that were in the batch but took none) and step count."""
+        tokens and the `skipped` ones that were in the batch but took none) and step count; a
+        switch's first cycle in `switches`."""
         bs = len(correct_per_req) + skipped
-        if bs:
+        if switched:
+            self.switches.add_accept(correct_per_req, committed, skipped)
+        elif bs:
             self.bucket(bs, steps).add_accept(correct_per_req, committed, skipped)
 
     @property
@@ -461,7 +508,8 @@ class Window:
                 "host_start_s": None if self.first_host_s is None else round(self.first_host_s, 6),
                 "tokens_per_s": _r(committed / busy) if busy > 0 else None, "buckets": buckets,
                 "samples": [self._sample(c) for c in self.samples],
-                "slowest": None if self.slowest is None or self.first_host_s is None else self._sample(self.slowest)}
+                "slowest": None if self.slowest is None or self.first_host_s is None else self._sample(self.slowest),
+                **({"switch_cycles": self.switches.summary()} if self.switches.cycles else {})}
 
     def _sample(self, c: Cycle) -> dict:
         """One whole cycle: each phase's GPU start and time (from the cycle's first event) and

@@ -210,10 +210,10 @@ class Folder:
                     if obs is not None:
                         obs.cycle(read[0])
                 elif kind == "accept":
-                    un, steps = r.settle(it[1], it[3], self.window.index)
+                    un, steps, switched = r.settle(it[1], it[3], self.window.index)
                     if un is not None:
                         self.window.uncharge(*un)
-                    self.window.add_accept(it[1], it[2], it[3], steps)
+                    self.window.add_accept(it[1], it[2], it[3], steps, switched)
                     obs = self.observer
                     if obs is not None:  # the cost policy's live figures (policy.py)
                         obs.accept(it[1], it[2], it[3], steps)

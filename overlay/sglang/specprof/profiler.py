@@ -133,6 +133,7 @@ class Profiler(GraphHooks, AcceptHooks, NullProfiler):
         self.last_steps = None
         self.switches: list = []
         self.switches_over = 0
+        self._switch_next = False  # the next decode cycle's slot is the first after a switch
         self._gc_t0 = None
         self._gc_cb = None
         # The tokens since start, counted on this thread where they are committed, so that
@@ -268,7 +269,7 @@ class Profiler(GraphHooks, AcceptHooks, NullProfiler):
             if not self.adaptive:
                 steps = None
             elif kind == "decode" and steps != self.last_steps:
-                self._switched(bs, steps)
+                self._switch_next = self._switched(bs, steps)
             s = self._take_ready()
             if s is not None:  # made ready for a decode cycle; this one takes it, and its number
                 s.detail = True
@@ -288,6 +289,8 @@ class Profiler(GraphHooks, AcceptHooks, NullProfiler):
             s.kind = kind
             s.bs = bs
             s.steps = steps
+            if self._switch_next:  # the first cycle after a switch (a slot is reset unswitched)
+                s.switched, self._switch_next = True, False
             if kind != "decode" or self.detail_all:
                 if ctx is not None:
                     s.ctx = ctx if ctx.__class__ is int else context_tokens(ctx)
@@ -418,14 +421,16 @@ class Profiler(GraphHooks, AcceptHooks, NullProfiler):
         if self.open_at_end:
             self.gate.open()
 
-    def _switched(self, bs, steps):
+    def _switched(self, bs, steps) -> bool:
+        """The step count changed between decode cycles: kept for the window; True but for the first."""
         old, self.last_steps = self.last_steps, steps
         if old is None:
-            return
+            return False
         if len(self.switches) < SWITCHES_KEPT:
             self.switches.append({"t_s": round(self.clock(), 6), "bs": bs, "from": old, "to": steps})
         else:
             self.switches_over += 1
+        return True
 
     def _record(self, s, name):
         n = s.n

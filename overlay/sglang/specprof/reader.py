@@ -46,7 +46,7 @@ def context_tokens(ctx):
 class Slot:
     __slots__ = ("events", "h", "host", "names", "n", "step_events", "ns", "kind", "bs", "ctx", "graph", "steps_key",
                  "steps_replay", "steps_ms", "replay_key", "seq", "gc_ms", "span", "detail", "eager_steps", "replaying",
-                 "replayed", "steps")
+                 "replayed", "steps", "switched")
 
     def __init__(self, backend):
         self.events = [backend.new_event() for _ in range(FIRST_MARKS)]
@@ -77,6 +77,7 @@ class Slot:
         self.span = 0.0
         self.detail = True  # every phase timed; False: the cycle's first and last event only
         self.steps = None  # the step count it ran at (--speculative-adaptive only)
+        self.switched = False  # the first decode cycle after the step count changed
 
 
 class Reader:
@@ -107,7 +108,7 @@ class Reader:
         self.decode_settled = 0
         self.drain_pending: set = set()  # cycles found drained before they were read
         self.charged: deque = deque(maxlen=2 * pool)  # (cycle index, window, bs, ms, steps) of recent reads
-        # (cycle index, step count) of the decode cycles read and not yet settled, under
+        # (cycle index, step count, first after a switch) of the decode cycles read and not yet settled, under
         # --speculative-adaptive: the k-th list takes the k-th cycle's step count
         self.unsettled_steps: deque = deque(maxlen=4 * pool)
 
@@ -142,7 +143,7 @@ class Reader:
         """A cycle that was not timed: it still takes its place in the order of settling."""
         if kind == "decode":
             if steps is not None:
-                self.unsettled_steps.append((self.decode_read, steps))
+                self.unsettled_steps.append((self.decode_read, steps, False))
             self.decode_read += 1
 
     def resync(self):
@@ -156,18 +157,20 @@ class Reader:
 
     def settle(self, correct, skipped, window):
         """The k-th acceptance list settles the k-th decode cycle: one whose requests had all
-        finished is a drain cycle. Returns ((bs, ms, steps) to take out of the open window, or
-        None; the step count the k-th cycle ran at, or None)."""
+        finished is a drain cycle. Returns ((bs, ms, steps, switched) to take out of the open
+        window, or None; the step count the k-th cycle ran at, or None; whether a switch came
+        before it)."""
         k = self.decode_settled
         self.decode_settled = k + 1
         steps = None
+        switched = False
         us = self.unsettled_steps
         while us and us[0][0] <= k:
-            idx, st = us.popleft()
+            idx, st, sw = us.popleft()
             if idx == k:
-                steps = st
+                steps, switched = st, sw
         if not (skipped and not correct):
-            return None, steps
+            return None, steps, switched
         with self.lock:
             t = self.timing
             t["drain_cycles"] += 1
@@ -176,10 +179,10 @@ class Reader:
                     t["decode_gpu_ms"] -= ms
                     t["drain_gpu_ms"] += ms
                     del self.charged[i]
-                    return ((bs, ms, st) if win == window else None), steps
+                    return ((bs, ms, st, switched) if win == window else None), steps, switched
         if k >= self.decode_read:
             self.drain_pending.add(k)
-        return None, steps
+        return None, steps, switched
 
     def slot_read(self, s, window):
         """A completed cycle's events: (Cycle, host time of its last mark) for the window."""
@@ -237,7 +240,9 @@ class Reader:
         c = Cycle(kind=s.kind, bs=s.bs, context_tokens=s.ctx, phases=phases, steps_gpu_ms=steps, gap_gpu_ms=gap,
                   period_host_ms=period, graph=s.graph, host_start_s=h0, host_offsets_ms=offsets,
                   period_gpu_ms=gpu_period, host_pause_ms=s.gc_ms, whole=whole, beside_prefill_ms=beside,
-                  steps=s.steps)
+                  steps=s.steps)  # 15 keywords: a 16th makes CPython build a dict for the call
+        if s.switched:
+            c.switched = True
         with self.lock:
             t = self.timing
             t[s.kind + "_cycles"] = t.get(s.kind + "_cycles", 0) + 1
@@ -258,7 +263,7 @@ class Reader:
                 k = self.decode_read
                 self.decode_read = k + 1
                 if s.steps is not None:
-                    self.unsettled_steps.append((k, s.steps))
+                    self.unsettled_steps.append((k, s.steps, s.switched))
                 if k in self.drain_pending:
                     self.drain_pending.discard(k)
                     c.drained = True

@@ -1,0 +1,252 @@
+#!/usr/bin/env python3
+"""The closed loop: the cost policy with no config file against every static step count,
+upstream's adaptive rule (its default config, the same candidates, and a config written from
+the profile), and a server without speculation, in interleaved rounds.
+
+One speculative server (8B-shaped dummy target, 1-layer EAGLE3 dummy draft,
+SGLANG_SIMULATE_ACC_METHOD=multinomial) runs `--speculative-adaptive` with no config file,
+launched at `--launch-steps`, with `--speculative-profile` and SGLANG_SPECPROF_POLICY_FILE.
+Before each run the benchmark writes the mode there and waits until /server_info took it:
+
+- `0`..`N`: every tier pinned to that step count (a static setting on the same graphs);
+- `ema`: upstream's rule on upstream's default config (0.5.16: [1, 3, 7] at 1, [0, 1, 3] at 8,
+  [0, 1] at 32, [0] at 64), as upstream runs it;
+- `ema-all`: upstream's rule with the cost policy's candidates (0..N in every tier);
+- `cfg`: upstream's rule with the config `sglang-specprof report --adaptive-config` wrote
+  from this server's own profile after the warm-up round;
+- `cost`: the cost policy.
+
+`plain`: a second server, the same model without speculation, on the same GPU; both servers
+take the same `--max-running-requests`. Loads: `--concurrency` requests at once, and with
+`--alternate` one that alternates between 1 request and `--alternate` at once, twice. After
+each run the benchmark reads the profile's totals (its committed tokens and decode GPU time
+in that run) and, in `cost` runs, the policy's figure for the step count each tier ran: the
+figures the clients can check.
+
+    python bench/closed_loop.py --out OUT --logs OUT/logs --concurrency 1 32 128 --alternate 128 \
+        --rounds 12 --max-seconds 1000
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from adaptive import Mode  # noqa: E402
+from gpu_models import write_models  # noqa: E402
+from serving import (eagle3_args, http, installed_sglang, load, machine, median_ci, portable_command,  # noqa: E402
+                     start_all, stop_all)
+
+POLICIES = ["ema", "ema-all", "cfg", "cost"]
+TOKENS = {1: 192, 32: 96, 128: 48}  # new tokens a request, by concurrency (others: 64)
+
+
+def new_tokens(c, scale=1.0):
+    return max(8, int(TOKENS.get(c, 64) * scale))
+
+
+def plain_args(argv):
+    """The same server without speculation: every --speculative-* flag and its value dropped."""
+    out, skip = [], False
+    for i, a in enumerate(argv):
+        if skip:
+            skip = False
+            continue
+        if a.startswith("--speculative-"):
+            skip = i + 1 < len(argv) and not argv[i + 1].startswith("--")
+            continue
+        out.append(a)
+    return out
+
+
+def alternate_load(port, high, scale):
+    """1 request, then `high` at once, twice: (tokens, seconds, requests)."""
+    tok = secs = reqs = 0
+    for c in (1, high, 1, high):
+        t, s = load(port, c, new_tokens(c, scale) if c == 1 else max(8, new_tokens(high, scale) // 2))
+        tok, secs, reqs = tok + t, secs + s, reqs + c
+    return tok, secs, reqs
+
+
+def totals(mode):
+    t = mode.state()["totals"]
+    return t["committed_tokens"], t["decode_gpu_ms"]
+
+
+def policy_figures(st):
+    """{tier: [steps, the policy's tokens/s for it]} from /server_info's adaptive_policy."""
+    out = {}
+    for k, t in (st.get("tiers") or {}).items():
+        if isinstance(t, dict):
+            fig = (t.get("tokens_per_s") or {}).get(str(t.get("steps")))
+            out[k] = [t.get("steps"), fig[0] if isinstance(fig, list) else fig]
+    return out
+
+
+def analyse(by_mode, statics):
+    """Per load: each mode's median tok/s, the best static, and paired ratios with intervals."""
+    n = min((len(v) for v in by_mode.values() if v), default=0)
+    if n == 0:
+        return None
+    med = {m: statistics.median(v[:n]) for m, v in by_mode.items() if len(v) >= n}
+    static = {m: med[m] for m in statics if m in med}
+    best = max(static, key=static.get)
+    res = {"rounds": n, "median_tok_s": {m: round(v, 1) for m, v in med.items()}, "best_static": int(best)}
+    pairs = [("cost", best), ("cost", "ema"), ("cost", "ema-all"), ("cost", "cfg"), ("cfg", "ema"),
+             ("ema", best), (best, "plain"), ("0", "plain"), ("cost", "plain")]
+    for a, b in pairs:
+        if a in med and b in med and len(by_mode[a]) >= n and len(by_mode[b]) >= n:
+            r = [x / y for x, y in zip(by_mode[a][:n], by_mode[b][:n])]
+            key = f"{a if a != best else 'best_static'}_vs_{b if b != best else 'best_static'}"
+            res[key] = {"median": round(statistics.median(r), 4), "ci95": [round(x, 4) for x in median_ci(r)]}
+    return res
+
+
+def write_config(profile, path, log):
+    """`report --adaptive-config` from the profile so far: True once written."""
+    cmd = [sys.executable, "-m", "sglang_specprof", "report", profile, "--adaptive-config", path]
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    with open(log, "w") as f:
+        f.write(p.stdout + p.stderr)
+    return p.returncode == 0 and os.path.exists(path)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--mean", type=float, default=3.0, help="the simulated acceptance (multinomial)")
+    ap.add_argument("--launch-steps", type=int, default=3)
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 32, 128])
+    ap.add_argument("--alternate", type=int, default=128, help="the load alternating 1 and N (0: none)")
+    ap.add_argument("--max-running", type=int, default=128, help="--max-running-requests of both servers")
+    ap.add_argument("--graph-bs", type=int, nargs="+", default=[1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 64, 96, 128])
+    ap.add_argument("--tokens-scale", type=float, default=1.0, help="scales each load's new tokens")
+    ap.add_argument("--no-plain", action="store_true", help="no server without speculation")
+    ap.add_argument("--rounds", type=int, default=8)
+    ap.add_argument("--warmup-rounds", type=int, default=1, help="rounds run first and not recorded")
+    ap.add_argument("--max-seconds", type=float, default=None, help="from the start: no round starts after this")
+    ap.add_argument("--out", default="bench/results")
+    ap.add_argument("--logs", default="bench-logs")
+    ap.add_argument("--tag", default="")
+    a = ap.parse_args()
+    t0 = time.time()
+    os.makedirs(a.out, exist_ok=True)
+    os.makedirs(a.logs, exist_ok=True)
+    target, draft = write_models(os.path.join(a.logs, "models"), "8b")
+    profile = os.path.join(a.logs, "profile.jsonl")
+    common = eagle3_args(target, draft, steps=a.launch_steps, topk=1, graph_bs=a.graph_bs, max_tokens=60000) + [
+        "--max-running-requests", str(a.max_running)]
+    argv = common + ["--speculative-adaptive", "--speculative-adaptive-policy", "cost", "--speculative-profile",
+                     "--speculative-profile-output", profile]
+    mode_path = os.path.join(a.logs, "mode")
+    env = dict(os.environ, SGLANG_SIMULATE_ACC_METHOD="multinomial", SGLANG_SIMULATE_ACC_LEN=str(a.mean),
+               SGLANG_SPECPROF_POLICY_FILE=mode_path)
+    plan = {"spec": (argv, env)}
+    if not a.no_plain:
+        plan["plain"] = (plain_args(common), dict(os.environ))
+    servers = start_all(plan, a.logs)
+    print(f"{len(servers)} servers ready in {time.time() - t0:.0f} s "
+          f"({', '.join(f'{n} {s.ready_s} s' for n, s in servers.items())})", flush=True)
+    statics = [str(s) for s in range(0, a.launch_steps + 1)]
+    modes = statics + POLICIES + ([] if a.no_plain else ["plain"])
+    loads = [f"c{c}" for c in a.concurrency] + ([f"alt{a.alternate}"] if a.alternate else [])
+    runs = {ld: {m: [] for m in modes} for ld in loads}
+    checks = {ld: [] for ld in loads}  # per cost run: clients' tok/s, the profile's, the policy's figures
+    spec = servers["spec"]
+    mode = Mode(spec.port, mode_path)
+    cfg_path = os.path.join(a.logs, "adaptive-config.json")
+    result_path = os.path.join(a.out, f"closed-loop-{installed_sglang()}{a.tag}.json")
+    client_decode = 0
+    try:
+        for c in sorted(set(a.concurrency) | ({a.alternate} if a.alternate else set())):
+            for name, srv in servers.items():  # each batch size's kernels compiled before anything is timed
+                load(srv.port, c, 16)
+        time.sleep(1.0)
+        before = totals(mode)[0]
+        for r in range(-a.warmup_rounds, a.rounds):
+            if r >= 0 and a.max_seconds and time.time() - t0 > a.max_seconds:
+                print(f"stopping after {r} rounds (--max-seconds)", flush=True)
+                break
+            if r == 0 and "cfg" in modes:  # the profile of the warm-up: every static at every load
+                time.sleep(3.5)  # the idle close: the open window reaches the file
+                ok = write_config(profile, cfg_path, os.path.join(a.logs, "adaptive-config.log"))
+                if ok:
+                    print("cfg:", json.dumps({k: v for k, v in json.load(open(cfg_path)).items() if k.isdigit()}),
+                          flush=True)
+                    try:
+                        mode.set(f"ema:{cfg_path}")  # the server refuses a config it has no graphs for
+                    except SystemExit as e:
+                        print(f"cfg refused ({e}): see the server's log", flush=True)
+                        ok = False
+                if not ok:
+                    print("no cfg mode: report --adaptive-config failed or the server refused it", flush=True)
+                    modes.remove("cfg")
+                    for ld in loads:
+                        runs[ld].pop("cfg", None)
+            order = modes[r % len(modes):] + modes[:r % len(modes)]
+            for ld in loads:
+                got = {}
+                for m in order:
+                    if m == "cfg" and r < 0:
+                        continue  # written after the warm-up
+                    srv = servers["plain"] if m == "plain" else spec
+                    if m != "plain":
+                        mode.set(f"ema:{cfg_path}" if m == "cfg" else m)
+                        tok0, ms0 = totals(mode)
+                    if ld.startswith("alt"):
+                        tok, secs, reqs = alternate_load(srv.port, a.alternate, a.tokens_scale)
+                    else:
+                        c = int(ld[1:])
+                        tok, secs = load(srv.port, c, new_tokens(c, a.tokens_scale))
+                        reqs = c
+                    got[m] = round(tok / secs, 2)
+                    if m != "plain":
+                        client_decode += tok - reqs  # the first token of each is its prefill's
+                        st = mode.state()
+                        tok1, ms1 = st["totals"]["committed_tokens"], st["totals"]["decode_gpu_ms"]
+                        if m == "cost" and r >= 0:
+                            checks[ld].append({"clients_tok_s": got[m], "clients_decode_tokens": tok - reqs,
+                                               "profile_tokens": tok1 - tok0,
+                                               "profile_decode_tok_s": round((tok1 - tok0) / (ms1 - ms0) * 1000.0, 1)
+                                               if ms1 > ms0 else None,
+                                               "policy": policy_figures(st["adaptive_policy"])})
+                if r >= 0:
+                    for m, v in got.items():
+                        runs[ld][m].append(v)
+                print(f"{ld} {'round' if r >= 0 else 'warm-up'} {r}: " + " ".join(f"{m} {got[m]:.0f}" for m in modes
+                                                                                   if m in got), flush=True)
+            _write(result_path, a, runs, checks, statics, client_decode, None, servers)
+        time.sleep(3.5)
+        mode.set("cost")
+        st = mode.state()
+        exact = {"client_decode_tokens": client_decode,
+                 "profile_committed_tokens": st["totals"]["committed_tokens"] - before,
+                 "policy": st["adaptive_policy"]}
+        _write(result_path, a, runs, checks, statics, client_decode, exact, servers)
+        print(json.dumps({ld: {k: v for k, v in (analyse(runs[ld], statics) or {}).items()} for ld in loads},
+                         indent=1))
+        print(json.dumps({k: v for k, v in exact.items() if k != "policy"}))
+    finally:
+        stop_all(servers)
+
+
+def _write(path, a, runs, checks, statics, client_decode, exact, servers):
+    res = {"benchmark": "closed-loop", "sglang": installed_sglang(), "mean": a.mean, "launch_steps": a.launch_steps,
+           "max_running_requests": a.max_running, "graph_bs": a.graph_bs,
+           "new_tokens": {str(c): new_tokens(c, a.tokens_scale) for c in a.concurrency},
+           "ready_s": {n: s.ready_s for n, s in servers.items()},
+           "runs": runs, "analysis": {ld: analyse(v, statics) for ld, v in runs.items()}, "checks": checks,
+           "exact": exact, "command": portable_command("bench/closed_loop.py", sys.argv[1:]), "machine": machine(),
+           "date": datetime.date.today().isoformat()}
+    with open(path, "w") as f:
+        json.dump(res, f, indent=1)
+        f.write("\n")
+
+
+if __name__ == "__main__":
+    main()
