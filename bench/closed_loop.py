@@ -8,7 +8,7 @@ SGLANG_SIMULATE_ACC_METHOD=multinomial) runs `--speculative-adaptive` with no co
 launched at `--launch-steps`, with `--speculative-profile` and SGLANG_SPECPROF_POLICY_FILE.
 Before each run the benchmark writes the mode there and waits until /server_info took it:
 
-- `0`..`N`: every tier pinned to that step count (a static setting on the same graphs);
+- `0`..`N` (`--statics`): every tier pinned to that step count (a static setting on the same graphs);
 - `ema`: upstream's rule on upstream's default config (0.5.16: [1, 3, 7] at 1, [0, 1, 3] at 8,
   [0, 1] at 32, [0] at 64), as upstream runs it;
 - `ema-all`: upstream's rule with the cost policy's candidates (0..N in every tier);
@@ -120,7 +120,10 @@ def write_config(profile, path, log):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--mean", type=float, default=3.0, help="the simulated acceptance (multinomial)")
-    ap.add_argument("--launch-steps", type=int, default=3)
+    ap.add_argument("--launch-steps", type=int, default=7,
+                    help="0.5.16's default config reaches 7 steps: launched below, its graphs at large batch "
+                         "sizes stop the server at capture (its shared logits buffer)")
+    ap.add_argument("--statics", type=int, nargs="+", default=None, help="static step counts run (default 0..launch)")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 32, 128])
     ap.add_argument("--alternate", type=int, default=128, help="the load alternating 1 and N (0: none)")
     ap.add_argument("--max-running", type=int, default=128, help="--max-running-requests of both servers")
@@ -152,7 +155,7 @@ def main():
     servers = start_all(plan, a.logs)
     print(f"{len(servers)} servers ready in {time.time() - t0:.0f} s "
           f"({', '.join(f'{n} {s.ready_s} s' for n, s in servers.items())})", flush=True)
-    statics = [str(s) for s in range(0, a.launch_steps + 1)]
+    statics = [str(s) for s in (a.statics if a.statics is not None else range(0, a.launch_steps + 1))]
     modes = statics + POLICIES + ([] if a.no_plain else ["plain"])
     loads = [f"c{c}" for c in a.concurrency] + ([f"alt{a.alternate}"] if a.alternate else [])
     runs = {ld: {m: [] for m in modes} for ld in loads}
