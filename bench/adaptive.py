@@ -30,7 +30,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpu_models import write_models  # noqa: E402
+from gpu_models import bench_dirs  # noqa: E402
 from serving import (eagle3_args, http, installed_sglang, load, machine, median_ci, portable_command,  # noqa: E402
                      start_all, stop_all)
 
@@ -101,9 +101,7 @@ def main():
     ap.add_argument("--tag", default="")
     a = ap.parse_args()
     t0 = time.time()
-    os.makedirs(a.out, exist_ok=True)
-    os.makedirs(a.logs, exist_ok=True)
-    target, draft = write_models(os.path.join(a.logs, "models"), "8b")
+    target, draft = bench_dirs(a.out, a.logs)
     cfg_path = os.path.join(a.logs, "adaptive.json")
     with open(cfg_path, "w") as f:
         json.dump({str(t): {"candidate_steps": CANDIDATES} for t in TIERS}, f)

@@ -39,7 +39,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from adaptive import Mode  # noqa: E402
-from gpu_models import write_models  # noqa: E402
+from gpu_models import bench_dirs  # noqa: E402
 from serving import (eagle3_args, http, installed_sglang, load, machine, median_ci, portable_command,  # noqa: E402
                      start_all, stop_all)
 
@@ -138,9 +138,7 @@ def main():
     ap.add_argument("--tag", default="")
     a = ap.parse_args()
     t0 = time.time()
-    os.makedirs(a.out, exist_ok=True)
-    os.makedirs(a.logs, exist_ok=True)
-    target, draft = write_models(os.path.join(a.logs, "models"), "8b")
+    target, draft = bench_dirs(a.out, a.logs)
     profile = os.path.join(a.logs, "profile.jsonl")
     common = eagle3_args(target, draft, steps=a.launch_steps, topk=1, graph_bs=a.graph_bs, max_tokens=60000) + [
         "--max-running-requests", str(a.max_running)]

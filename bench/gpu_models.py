@@ -27,3 +27,10 @@ def write_models(root, shape="8b"):
                        draft_vocab_size=s["vocab_size"], target_hidden_size=s["hidden_size"],
                        eagle_config={"eagle_aux_hidden_state_layer_ids": [1, n // 2 - 1, n - 4]}), f)
     return target, draft
+
+
+def bench_dirs(out, logs, shape="8b"):
+    """A benchmark's result and log folders made, and its models written under the logs."""
+    os.makedirs(out, exist_ok=True)
+    os.makedirs(logs, exist_ok=True)
+    return write_models(os.path.join(logs, "models"), shape)

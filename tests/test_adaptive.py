@@ -599,6 +599,24 @@ def _recorded(name="0.5.16-m3", least=500):
     return out
 
 
+def _replaying(fig, seed):
+    """From recorded figures ({steps: (period ms, correct-drafts histogram, tokens/s)}): the
+    fastest step count, those within 2% of it, and a load's cost and draws that replay them
+    (each period within 3%, each request's correct drafts drawn from the histogram)."""
+    best = max(fig, key=lambda s: fig[s][2])
+    near = [s for s in fig if fig[s][2] >= 0.98 * fig[best][2]]
+    rng = random.Random(seed)
+
+    def cost(s, n):
+        return fig[s][0] * rng.uniform(0.97, 1.03)
+
+    def draws(s, n):
+        hist = fig[s][1]
+        return rng.choices(range(len(hist)), weights=hist, k=n)
+
+    return best, near, cost, draws
+
+
 @pytest.mark.parametrize("name, bs", [("0.5.16-m3", 1), ("0.5.16-m3", 16), ("0.5.16-m3", 32),
                                       ("0.5.16-m4", 1), ("0.5.16-m4", 16), ("0.5.16-m4", 32)])
 def test_replayed_on_the_recorded_profile_the_policy_picks_what_measured_fastest(name, bs):
@@ -610,16 +628,7 @@ def test_replayed_on_the_recorded_profile_the_policy_picks_what_measured_fastest
     rec = _recorded(name, 300)  # the second run is shorter: 314 cycles at 9-16@5
     lo = {1: 1, 16: 9, 32: 17}[bs]
     fig = {s: rec[(lo, s)] for s in range(1, 6)}
-    best = max(fig, key=lambda s: fig[s][2])
-    near = [s for s in fig if fig[s][2] >= 0.98 * fig[best][2]]
-    rng = random.Random(5)
-
-    def cost(s, n):
-        return fig[s][0] * rng.uniform(0.97, 1.03)
-
-    def draws(s, n):
-        hist = fig[s][1]
-        return rng.choices(range(len(hist)), weights=hist, k=n)
+    best, near, cost, draws = _replaying(fig, 5)
 
     policy, p, b, out = _cost_policy({"1": {"candidate_steps": [1, 2, 3, 4, 5]}, "16": {"candidate_steps": [1, 2, 3, 4, 5]},
                                       "32": {"candidate_steps": [1, 2, 3, 4, 5]}})
@@ -738,3 +747,39 @@ def test_compare_sets_a_fixed_step_profile_beside_the_same_step_count_of_an_adap
     out = capsys.readouterr().out
     assert "\n  bs 1@3\n" in out and "batch sizes only in A: 3-4@3" in out
     assert "bs 1@1" not in out.replace("only in B: 1@1", "")  # other step counts: only in the adaptive one
+
+
+def test_a_tier_that_has_decided_nothing_runs_what_the_nearest_tier_settled_on():
+    """On the H200 the tier of 8-31 requests, visited only in the ramps of a load of 128, sat at
+    the launch step count (7) while the tiers around it had settled on 2 and 3."""
+    policy, p, b, _ = _cost_policy(None, launch_steps=7, widen=True)
+    policy.set_cuda_graph_bs(GRAPH_BS)
+    assert policy.get_steps_for_batch(12) == 7  # nothing decided anywhere yet: the launch step count
+    run_policy(policy, p, b, 40, 3.0, lambda s, bs: 14.6 + 0.6 * s, 600)
+    settled = policy.tiers[32].steps
+    assert settled in (2, 3) and policy.tiers[32].last
+    assert policy.get_steps_for_batch(12) == settled and policy.tiers[8].steps == settled
+    assert policy.get_steps_for_batch(100) == settled  # 64-128: the nearest is 32 too
+
+
+@pytest.mark.parametrize("lo, bs", [(1, 1), (17, 32), (65, 128)])
+def test_replayed_on_the_closed_loop_run_the_policy_leaves_zero_steps_and_picks_the_fastest(lo, bs):
+    """The GPU run of bench/closed_loop.py (0.5.16, 8B-shaped pair, multinomial acceptance 3,
+    launched at 7 steps, no config file, up to 128 running): each step count's recorded cycle
+    period and correct drafts at 1, 17-32 and 65-128 requests. From the launch step count, with
+    0-7 as candidates, the policy settles within 2% of the fastest recorded (3 at one and 32
+    requests; 2 or 3 at 128, 0.6% apart) and never on 0 steps, which upstream's default config
+    runs from 64 requests (5874 tok/s against 12163 at 3 steps there)."""
+    rec = _recorded("0.5.16-closed-loop", 100)
+    fig = {s: rec[(lo, s)] for s in range(0, 8) if (lo, s) in rec}
+    best, near, cost, draws = _replaying(fig, 11)
+
+    cands = sorted(fig)
+    policy, p, b, out = _cost_policy({"1": {"candidate_steps": cands}}, launch_steps=max(cands))
+    policy.tiers[1].steps = max(cands)
+    used, _ = run_policy(policy, p, b, bs, 3.0, cost, 2500, draws=draws)
+    tail = used[-800:]
+    assert sum(s in near for s in tail) >= 0.85 * len(tail), (near, {s: tail.count(s) for s in cands})
+    assert tail.count(0) <= 0.03 * len(tail)
+    got = sum(fig[s][2] for s in tail) / len(tail)
+    assert got >= 0.97 * fig[best][2] and got >= 1.8 * fig[0][2], (got, {s: f[2] for s, f in fig.items()})

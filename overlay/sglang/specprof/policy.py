@@ -332,7 +332,10 @@ class CostPolicy:
         if self.mode == "ema":
             return self.rule.get_steps_for_batch(batch_size)
         try:
-            return self.tier(batch_size).steps
+            t = self.tier(batch_size)
+            if not t.last and t.cycles < MIN_CYCLES:
+                self._start_near(t)
+            return t.steps
         except Exception as e:  # never take the server down: upstream's rule takes over
             logger.warning("speculative adaptive policy: %s: %s; upstream's rule takes over.", type(e).__name__, e)
             self.mode, self.rule = "ema", self.up
@@ -352,6 +355,19 @@ class CostPolicy:
             logger.warning("speculative adaptive policy: %s: %s; upstream's rule takes over.", type(e).__name__, e)
             self.mode, self.rule = "ema", self.up
         return None
+
+    def _start_near(self, t):
+        """A tier that has decided nothing yet runs what the nearest tier that has runs (on the
+        H200 the tier of 8-31 requests, visited in a load's ramps only, sat at the launch step
+        count of 7 while every other tier had settled on 2 or 3)."""
+        near = [u for u in self.tiers.values() if u is not t and u.last and u.steps in t.candidates]
+        if not near:
+            return
+        u = min(near, key=lambda u: abs(math.log(u.key / t.key)))
+        if u.steps != t.steps and t.probing is None:
+            logger.info("speculative adaptive (cost): tier %s starts at %d steps, as tier %s runs", t.key, u.steps,
+                        u.key)
+            t.steps = u.steps
 
     def tier(self, bs):
         """The tier upstream routes a batch of `bs` to (padded to a captured graph's size, then the
