@@ -26,9 +26,9 @@ MIN_CYCLES = 20  # decode cycles a bucket needs to become a tier
 
 def candidates(adv: dict, margin: float = DEFAULT_MARGIN) -> list[int]:
     """The step counts within `margin` of the best central prediction, the best among them."""
-    best = next(r for r in adv["rows"] if r["steps"] == adv["best"])
+    best = max((r for r in adv["rows"] if r["steps"] > 0), key=lambda r: r["tokens_per_s"])
     floor = best["tokens_per_s"] * (1.0 - margin)
-    return sorted(r["steps"] for r in adv["rows"] if r["tokens_per_s"] >= floor)
+    return sorted(r["steps"] for r in adv["rows"] if r["tokens_per_s"] >= floor and r["steps"] > 0)
 
 
 def measured_candidates(row: dict, margin: float = DEFAULT_MARGIN) -> list[int]:

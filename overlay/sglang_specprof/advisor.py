@@ -85,12 +85,18 @@ def expected_tokens(a: list[float], k: int) -> float:
 LOW, CENTRAL, HIGH = "low", "central", "high"
 
 
+def measured_positions(inp: Inputs) -> int:
+    """Draft positions whose acceptance the inputs hold: the profiled K, or those of another
+    bucket where the profile ran at 0 steps (`report.advise`)."""
+    return len(inp.per_position) if inp.steps == 0 else min(len(inp.per_position), inp.steps)
+
+
 def _acceptance(inp: Inputs, k: int, which: str) -> list[float]:
-    """a_1..a_k. Beyond the profiled K nothing is measured: `low` takes 0, `high` holds a_K,
-    and `central` goes on as the last two measured positions went, a_K * r^j with
+    """a_1..a_k. Beyond the measured positions nothing is known: `low` takes 0, `high` holds
+    the last, and `central` goes on as the last two measured positions went, a_K * r^j with
     r = a_K / a_(K-1) (at most 1: a draft's conditional acceptance falls with depth, never
     climbs), which is a_K held where K < 2."""
-    a = [x if x is not None else 0.0 for x in inp.per_position[: inp.steps]]
+    a = [x if x is not None else 0.0 for x in inp.per_position[: measured_positions(inp)]]
     r = min(a[-1] / a[-2], 1.0) if len(a) >= 2 and a[-2] > 0 else 1.0
     while len(a) < k:
         a.append(0.0 if which == LOW or not a else a[-1] * (r if which == CENTRAL else 1.0))
@@ -103,7 +109,9 @@ def cycle_ms(inp: Inputs, k: int, per_token: float, tokens: int | None = None) -
     K = inp.steps
     ph = inp.phases
     fixed = sum(v for n, v in ph.items() if n not in (VERIFY, DRAFT, DRAFT_EXTEND)) + inp.between_ms
-    forward_steps = [s for s in inp.step_ms[: max(K - 1, 0)]]
+    # the steps after the first run the draft model (the first reads the inputs); at K = 0 the
+    # step times are another bucket's (report.advise), all of them its own
+    forward_steps = [s for s in inp.step_ms[: max((K if K else len(inp.step_ms)) - 1, 0)]]
     # at 1 step no draft step runs the draft model: one is taken to cost what its extend
     # over the verified tokens does (on the H200, 0.43 and 0.48 ms a step against 0.52 and
     # 0.70 ms of extend at 1 and 17-32 requests), which bounds it from above
@@ -118,7 +126,13 @@ def cycle_ms(inp: Inputs, k: int, per_token: float, tokens: int | None = None) -
 def predict(inp: Inputs, ks=range(1, 9)) -> dict | None:
     """tokens/s at each step count in `ks`, with bounds; a step count whose predicted cycle
     takes no GPU time is left out (no time measured to predict from), and with none left,
-    None."""
+    None.
+
+    `best` is the highest central figure; `recommend` the step count advised: the fastest
+    central figure among those whose low end beats the profiled setting's figure, no further
+    than one step past the measured positions where fewer than two are measured (else the
+    profiled step count: keep it); `profile_next`, where the central best lies beyond what
+    the data supports, the step count to profile at to measure it."""
     K = inp.steps
     g = inp.verify_growth()
     model_K = cycle_ms(inp, K, g.per_token, inp.verified())  # the cycle as profiled
@@ -139,7 +153,7 @@ def predict(inp: Inputs, ks=range(1, 9)) -> dict | None:
             "tokens_per_s": round(tok(e_c, central_t), 2),
             "low": round(tok(e_lo, t_hi), 2),
             "high": round(tok(e_hi, t_lo), 2),
-            "extrapolated": k > K,
+            "extrapolated": k > max(K, measured_positions(inp)),
         })
     if not rows:
         return None
@@ -147,8 +161,15 @@ def predict(inp: Inputs, ks=range(1, 9)) -> dict | None:
     here = next((r for r in rows if r["steps"] == K), None)
     gain = (best["tokens_per_s"] / here["tokens_per_s"] - 1) if here and here["tokens_per_s"] else None
     rivals = [r for r in rows if r is not best and r["high"] >= best["low"]]
+    known = measured_positions(inp)
+    reach = known + 1 if known < 2 else max(r["steps"] for r in rows)
+    sure = [r for r in rows if r is not here and r["steps"] <= reach and here is not None
+            and r["low"] > here["tokens_per_s"]]
+    recommend = max(sure, key=lambda r: r["tokens_per_s"])["steps"] if sure else K
+    profile_next = min(best["steps"], max(3, known + 2)) if best["steps"] > reach else None
     return {
         "profiled_steps": K, "batch": round(inp.batch, 3), "rows": rows, "best": best["steps"],
+        "recommend": recommend, "profile_next": profile_next,
         "expected_gain": None if gain is None else round(gain, 4),
         "within_uncertainty": [r["steps"] for r in rivals],
         "verify_growth": g.how,
@@ -173,7 +194,7 @@ def inputs_from_bucket(bucket: dict, steps: int, growth: Growth | None = None, c
     batch = acc["verified_requests"] / max(bucket["cycles"], 1) if acc.get("verified_requests") else 1.0
     phases = {n: p["gpu_ms"]["mean"] for n, p in bucket["phases"].items() if p["gpu_ms"]["mean"] is not None}
     notes = []
-    if steps < 2:
+    if steps == 1:
         notes.append("profiled with 1 step: a draft step is taken to cost what the draft extend does, and the "
                      "acceptance beyond the first position is not measured, so more steps are guessed")
     inp = Inputs(steps=steps, batch=batch, phases=phases,
@@ -319,6 +340,20 @@ def format_advice(adv: dict) -> str:
                  + (f", expected {100 * gain:+.1f}% tokens/s" if gain is not None else ""))
     if adv["within_uncertainty"]:
         lines.append(f"  within the uncertainty of the best: steps {', '.join(map(str, adv['within_uncertainty']))}")
-    lines.append("  * beyond the profiled steps: acceptance there is assumed equal to the last measured position")
+    rec = adv.get("recommend", adv["best"])
+    here = next((r for r in adv["rows"] if r["steps"] == adv["profiled_steps"]), None)
+    if rec == adv["profiled_steps"] or here is None:
+        lines.append(f"  recommended: keep {adv['profiled_steps']} steps (no other setting's low end beats it"
+                     + (" within what the profile measured" if adv.get("profile_next") else "") + ")")
+    else:
+        r = next(x for x in adv["rows"] if x["steps"] == rec)
+        lines.append(f"  recommended: --speculative-num-steps {rec}" + (" (speculation off at this batch size)"
+                     if rec == 0 else f" --speculative-num-draft-tokens {r['draft_tokens']}")
+                     + f", {r['low']:.1f}-{r['high']:.1f} tok/s against {here['tokens_per_s']:.1f} as profiled")
+    if adv.get("profile_next") is not None:
+        lines.append(f"  profile next at --speculative-num-steps {adv['profile_next']}: the best predicted lies "
+                     f"beyond the draft positions measured, where acceptance is extrapolated")
+    lines.append("  * beyond the measured draft positions: acceptance there goes on falling as over the last two "
+                 "measured (low: 0; high: the last held)")
     lines += [f"  note: {n}" for n in adv["notes"]]
     return "\n".join(lines)

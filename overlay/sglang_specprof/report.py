@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import json
 import re
 import statistics
@@ -437,7 +439,10 @@ def verify_points(windows: list[dict]) -> list[list]:
 
 
 def advise(summary: dict) -> dict:
-    """The advisor for each bucket of a merged summary."""
+    """The advisor for each bucket of a merged summary. In an adaptive profile (buckets at a
+    step count each) 0 steps is predicted too, and a bucket run at 0 steps is advised from the
+    acceptance and draft step times of the same batch sizes at another step count (the one
+    with the most cycles); where there is none, it gets no advice (`zero_step_lines` says so)."""
     steps = summary.get("config", {}).get("num_steps")
     topk = summary.get("config", {}).get("topk")
     out = {}
@@ -447,17 +452,80 @@ def advise(summary: dict) -> dict:
                              advisor.draft_tokens(summary.get("config"), steps))
     for key, b in summary["buckets"].items():
         at = window.bucket_steps(key)
-        if at == 0:
-            continue  # no drafting: nothing to predict other step counts from
-        inp = advisor.inputs_from_bucket(b, steps if at is None else at, fit, summary.get("config"))
+        sib = _drafting_sibling(summary, key) if at == 0 else None
+        if at == 0 and sib is None:
+            continue  # no drafting at these batch sizes: no acceptance to predict from
+        inp = advisor.inputs_from_bucket(b, steps if at is None else at, local_growth(summary, key) or fit,
+                                         summary.get("config"))
         if inp is None:
             continue
+        if sib is not None:
+            sk, sb = sib
+            inp.per_position = list(sb["accept"]["per_position"])
+            inp.step_ms = [x["mean"] or 0.0 for x in sb["draft_steps_gpu_ms"]]
+            inp.notes.append(f"run at 0 steps: acceptance and draft step times taken from bs {sk} "
+                             f"({sb['cycles']} cycles)")
         if topk and topk > 1:
             inp.notes.append(f"profiled with topk {topk}; the advice is for topk 1")
-        adv = advisor.predict(inp)
-        if adv is not None:
-            out[key] = adv
+        adv = advisor.predict(inp, ks=range(0, 9) if at is not None else range(1, 9))
+        if adv is None:
+            continue
+        zero = summary["buckets"].get(key.partition("@")[0] + "@0") if at else None
+        if zero and zero.get("tokens_per_s"):
+            here = next((r for r in adv["rows"] if r["steps"] == at), None)
+            rel = f" ({100 * (zero['tokens_per_s'] / here['tokens_per_s'] - 1):+.1f}% against {at} steps as " \
+                  f"predicted)" if here and here["tokens_per_s"] else ""
+            adv["notes"].append(f"0 steps (speculation off at these batch sizes) measured {zero['tokens_per_s']:.1f} "
+                                f"tok/s here{rel}")
+        out[key] = adv
     return out
+
+
+LOCAL_MIN_CYCLES = 20  # cycles a bucket needs to be a point of the growth at its own batch sizes
+
+
+def local_growth(summary: dict, key: str):
+    """In an adaptive profile, verify's growth per verified token at the batch sizes of `key`
+    alone: the weighted slope of verify time against verified tokens a cycle among the step
+    counts those batch sizes ran at (three at least). Attention over each request's context
+    makes the growth differ with the batch size (on the H200, 0.006 ms a token at 17-32
+    requests, 0.015 at 65-128), which one plane through every bucket averages away. None
+    where there are too few."""
+    if window.bucket_steps(key) is None:
+        return None
+    prefix = key.partition("@")[0]
+    pts = []
+    for k, b in summary["buckets"].items():
+        s = window.bucket_steps(k)
+        v = (b["phases"].get(advisor.VERIFY) or {}).get("gpu_ms", {}).get("mean")
+        n = b["accept"].get("verified_requests")
+        if k.partition("@")[0] != prefix or s is None or v is None or not n or b["cycles"] < LOCAL_MIN_CYCLES:
+            continue
+        pts.append((n / b["cycles"] * (s + 1), v, b["cycles"]))
+    if len({round(t, 3) for t, _, _ in pts}) < 3:
+        return None
+    fit = advisor._wls([[1.0, t] for t, _, _ in pts], [v for _, v, _ in pts], [c for _, _, c in pts])
+    if fit is None or not math.isfinite(fit[1][1]):
+        return None
+    g, se = fit[0][1], fit[1][1]
+    return advisor.Growth(max(g, 0.0), max(g - 2 * se, 0.0), max(g + 2 * se, 0.0),
+                          "measured across step counts at these batch sizes")
+
+
+def _drafting_sibling(summary: dict, key: str):
+    """(key, bucket) of the same batch sizes run at a step count above 0 with the most cycles."""
+    prefix = key.partition("@")[0]
+    sibs = [(k, b) for k, b in summary["buckets"].items() if k.partition("@")[0] == prefix
+            and (window.bucket_steps(k) or 0) > 0 and b.get("cycles") and b["accept"].get("per_position")]
+    return max(sibs, key=lambda kb: kb[1]["cycles"], default=None)
+
+
+def zero_step_lines(summary: dict, advice: dict) -> list[str]:
+    """A line for each bucket run at 0 steps that the advisor could not judge."""
+    return [f"bs {key}: run at 0 steps, and these batch sizes never ran with drafting: no acceptance to predict "
+            f"other step counts from (profile them at 1 step or more)"
+            for key, b in summary.get("buckets", {}).items()
+            if window.bucket_steps(key) == 0 and b.get("cycles") and key not in advice]
 
 
 def by_steps(summary: dict) -> dict:
@@ -502,6 +570,7 @@ def render(summary: dict, advice: dict) -> str:
     text = [format_summary(summary, advice=advice)]
     text += format_by_steps(by_steps(summary))
     text += format_switches(summary)
+    text += zero_step_lines(summary, advice)
     for key, adv in advice.items():
         text.append(f"bs {key} " + advisor.format_advice(adv))
     for key, b in summary.get("buckets", {}).items():

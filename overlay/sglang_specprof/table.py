@@ -128,7 +128,11 @@ def _advice_line(bucket: dict, cfg: dict, adv: dict | None = None) -> str | None
             return f"    advisor: --speculative-num-steps {steps} is the best predicted"
         topk = " with topk 1" if (cfg.get("topk") or 1) > 1 else ""
         spread = "" if _f(best["low"], 1) == _f(best["high"], 1) else f", range {_f(best['low'], 1)}-{_f(best['high'], 1)}"
+        rec, at, nxt = adv.get("recommend", adv["best"]), adv["profiled_steps"], adv.get("profile_next")
+        tail = "" if rec == adv["best"] else (f"; recommended: keep {at}, no other's low end beats it" if rec == at
+                                              else f"; recommended: --speculative-num-steps {rec}")
+        tail += f"; profile at {nxt} next" if nxt is not None else ""
         return (f"    advisor: --speculative-num-steps {best['steps']}{topk} predicted {_f(best['tokens_per_s'], 1)} "
-                f"tok/s ({100 * (adv['expected_gain'] or 0):+.1f}%{spread})")
+                f"tok/s ({100 * (adv['expected_gain'] or 0):+.1f}%{spread}){tail}")
     except Exception:
         return None
