@@ -256,6 +256,11 @@ class Tier:
         slope = min(slope, t / (self.steps + 1))
         return t + slope * (c - self.steps), "predicted"
 
+    def settled(self) -> bool:
+        """It decided with a figure for the step count it runs."""
+        fig = self.last.get(self.steps)
+        return fig is not None and fig[0] is not None
+
     def acceptance(self) -> Acceptance:
         """This tier's acceptance once SHARED_UNTIL requests reached its first position, else every
         tier's pooled (a tier that has run only at 0 steps, or just began, measured none): what a
@@ -333,7 +338,7 @@ class CostPolicy:
             return self.rule.get_steps_for_batch(batch_size)
         try:
             t = self.tier(batch_size)
-            if not t.last and t.cycles < MIN_CYCLES:
+            if t.cycles < MIN_CYCLES and not t.settled():
                 self._start_near(t)
             return t.steps
         except Exception as e:  # never take the server down: upstream's rule takes over
@@ -360,7 +365,7 @@ class CostPolicy:
         """A tier that has decided nothing yet runs what the nearest tier that has runs (on the
         H200 the tier of 8-31 requests, visited in a load's ramps only, sat at the launch step
         count of 7 while every other tier had settled on 2 or 3)."""
-        near = [u for u in self.tiers.values() if u is not t and u.last and u.steps in t.candidates]
+        near = [u for u in self.tiers.values() if u is not t and u.settled() and u.steps in t.candidates]
         if not near:
             return
         u = min(near, key=lambda u: abs(math.log(u.key / t.key)))
@@ -467,7 +472,7 @@ class CostPolicy:
         """What /server_info and each profile window show of the policy."""
         mode = self.mode_name()
         try:
-            tiers = {str(k): {"steps": t.steps, "probing": t.probing,
+            tiers = {str(k): {"steps": t.steps, "probing": t.probing, "candidates": list(t.candidates),
                               "tokens_per_s": {str(c): v for c, v in t.last.items()}}
                      for k, t in self.tiers.items()}
         except Exception as e:  # read by /server_info: never raises
