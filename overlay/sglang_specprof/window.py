@@ -49,6 +49,7 @@ class Cycle:
     # the first decode cycle after the step count changed: its GPU time holds the worker's swap of
     # graphs (and what a first replay compiles), the switch's cost, not the setting's
     switched: bool = False
+    kv_used: float | None = None  # the share of the KV pool in use at its start (v2 from 0.5.13, timed by phase)
 
 
 GRAPH_KINDS = ("draft", "verify", "draft_extend")  # the forwards that replay a CUDA graph or run eager
@@ -184,6 +185,7 @@ class Bucket:
         self.cycle_gpu = Series()
         self.phase_cycle_gpu = Series()  # the cycles timed phase by phase (all, or one in --speculative-profile-phases-every)
         self.context = Series()
+        self.kv_used = Series()  # the KV pool's share in use at the cycles' start
         self.period = Series()
         self.period_gpu = Series()
         self.decode_ms = 0.0  # GPU time of decode: the cycles' spans and the gaps between consecutive ones
@@ -254,6 +256,8 @@ class Bucket:
             self.beside_prefill.add(c.beside_prefill_ms)
         if c.context_tokens is not None:
             self.context.add(c.context_tokens)
+        if c.kv_used is not None:
+            self.kv_used.add(c.kv_used)
         for i, s in enumerate(c.steps_gpu_ms):
             while len(self.steps) <= i:
                 self.steps.append(Series())
@@ -348,6 +352,7 @@ class Bucket:
             "cycle_gpu_ms": self.cycle_gpu.stats(),
             "phase_cycle_gpu_ms": self.phase_cycle_gpu.stats(),
             "context_tokens": self.context.stats(),
+            "kv_used_share": self.kv_used.stats(),
             "between_cycles_gpu_ms": self.gap.stats(),
             "cycle_period_gpu_ms": self.period_gpu.stats(),
             "cycle_wall_ms": self.period.stats(),

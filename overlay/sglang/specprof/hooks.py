@@ -109,6 +109,8 @@ def install(server_args, tp_rank: int = 0, worker: str = "v2") -> None:
             "tp_size": getattr(server_args, "tp_size", 1),
             "cuda_graph": not getattr(server_args, "disable_cuda_graph", False),
             "phases_every": getattr(server_args, "speculative_profile_phases_every", 1) or 1,
+            # the running-request cap (0.5.16 sets 48 for a speculative server unless told)
+            "max_running_requests": getattr(server_args, "max_running_requests", None),
         }
         if getattr(server_args, "speculative_adaptive", False):
             config["adaptive"] = True

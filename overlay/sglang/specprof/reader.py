@@ -43,10 +43,29 @@ def context_tokens(ctx):
     return None
 
 
+def kv_share(ctx):
+    """The share of the KV pool in use at a cycle's start, from the ScheduleBatch the v2 hook
+    passes (its token-to-KV allocator: 1 - available / size); None where there is none.
+    Never raises (called in `begin`, in the cycles timed by phase only)."""
+    try:
+        alloc = getattr(ctx, "token_to_kv_pool_allocator", None)
+        if alloc is None:
+            return None
+        size = alloc.size
+        return 1.0 - alloc.available_size() / size if size else None
+    except Exception:
+        return None
+
+
+def batch_state(ctx):
+    """(context tokens, KV pool share in use) of a cycle, from what the hook passes."""
+    return (ctx, None) if ctx.__class__ is int else (context_tokens(ctx), kv_share(ctx))
+
+
 class Slot:
     __slots__ = ("events", "h", "host", "names", "n", "step_events", "ns", "kind", "bs", "ctx", "graph", "steps_key",
                  "steps_replay", "steps_ms", "replay_key", "seq", "gc_ms", "span", "detail", "eager_steps", "replaying",
-                 "replayed", "steps", "switched")
+                 "replayed", "steps", "switched", "kv")
 
     def __init__(self, backend):
         self.events = [backend.new_event() for _ in range(FIRST_MARKS)]
@@ -78,6 +97,7 @@ class Slot:
         self.detail = True  # every phase timed; False: the cycle's first and last event only
         self.steps = None  # the step count it ran at (--speculative-adaptive only)
         self.switched = False  # the first decode cycle after the step count changed
+        self.kv = None  # the share of the KV pool in use at its start (cycles timed by phase, v2 from 0.5.13)
 
 
 class Reader:
@@ -243,6 +263,8 @@ class Reader:
                   steps=s.steps)  # 15 keywords: a 16th makes CPython build a dict for the call
         if s.switched:
             c.switched = True
+        if s.kv is not None:
+            c.kv_used = s.kv
         with self.lock:
             t = self.timing
             t[s.kind + "_cycles"] = t.get(s.kind + "_cycles", 0) + 1
