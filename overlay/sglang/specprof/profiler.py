@@ -217,7 +217,7 @@ class Profiler(GraphHooks, AcceptHooks, NullProfiler):
                 raise RuntimeError("cuEventRecord failed (a cycle's first event)")
             s.host[0] = self.clock()
             if s.detail and ctx is not None:  # a tensor's sum costs microseconds: the cycles timed by phase only
-                s.ctx, s.kv = batch_state(ctx)
+                s.ctx, s.kv = (ctx, None) if ctx.__class__ is int else batch_state(ctx)
             self.cur = s
         except Exception as e:  # never take the server down
             self._fail(e)
@@ -293,7 +293,7 @@ class Profiler(GraphHooks, AcceptHooks, NullProfiler):
                 s.switched, self._switch_next = True, False
             if kind != "decode" or self.detail_all:
                 if ctx is not None:
-                    s.ctx, s.kv = batch_state(ctx)
+                    s.ctx, s.kv = (ctx, None) if ctx.__class__ is int else batch_state(ctx)
             else:
                 seen = self._detail_seen
                 k = seen.get(bs, 0)
@@ -301,7 +301,7 @@ class Profiler(GraphHooks, AcceptHooks, NullProfiler):
                 if k % self.phases_every:
                     s.detail = False
                 elif ctx is not None:
-                    s.ctx, s.kv = batch_state(ctx)
+                    s.ctx, s.kv = (ctx, None) if ctx.__class__ is int else batch_state(ctx)
             self.cur = s
             b = self.backend
             self._sraw = b.refresh()  # the stream's handle (each cycle's `end` checks it)

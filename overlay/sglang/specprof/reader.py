@@ -44,22 +44,26 @@ def context_tokens(ctx):
 
 
 def kv_share(ctx):
-    """The share of the KV pool in use at a cycle's start, from the ScheduleBatch the v2 hook
-    passes (its token-to-KV allocator: 1 - available / size); None where there is none.
-    Never raises (called in `begin`, in the cycles timed by phase only)."""
+    """The share of the KV pool the running requests hold at a cycle's start, from the
+    ScheduleBatch the v2 hook passes: 1 - (free + evictable prefix cache) / size of its
+    token-to-KV allocator; None where there is none. Never raises (called in `begin`, in the
+    cycles timed by phase only)."""
     try:
         alloc = getattr(ctx, "token_to_kv_pool_allocator", None)
         if alloc is None:
             return None
         size = alloc.size
-        return 1.0 - alloc.available_size() / size if size else None
+        cache = getattr(ctx, "tree_cache", None)
+        free = alloc.available_size() + (cache.evictable_size() if cache is not None else 0)
+        return max(0.0, 1.0 - free / size) if size else None
     except Exception:
         return None
 
 
 def batch_state(ctx):
-    """(context tokens, KV pool share in use) of a cycle, from what the hook passes."""
-    return (ctx, None) if ctx.__class__ is int else (context_tokens(ctx), kv_share(ctx))
+    """(context tokens, KV pool share in use) of a cycle, from what the hook passes (not a
+    number: the profiler takes a number as it is)."""
+    return context_tokens(ctx), kv_share(ctx)
 
 
 class Slot:
