@@ -895,6 +895,18 @@ def test_a_batch_held_at_the_running_request_cap_is_named_with_the_kv_pool_s_use
     advised = int(line.split("--max-running-requests ")[1].split()[0])
     assert 48 * 0.8 / 0.37 <= advised <= 48 * 0.8 / 0.23 and "wait for a slot" in line
     assert "cap of 48" in report.render(summary, {})
+    # the live log's table, and the Prometheus gauges, of the window itself
+    from sglang_specprof.table import format_summary
+
+    assert "against the running-request cap of 48" in format_summary(w)
+    prometheus_client = pytest.importorskip("prometheus_client")
+    from sglang.specprof.metrics import MetricsSink
+
+    reg = prometheus_client.CollectorRegistry()
+    MetricsSink({"tp_rank": 0}, registry=reg)(w)
+    assert reg.get_sample_value("sglang:specprof_running_requests_cap", {"tp_rank": "0"}) == 48
+    assert reg.get_sample_value("sglang:specprof_kv_used_share", {"tp_rank": "0", "bucket": "33-64"}) == \
+        pytest.approx(kv["mean"])
     # below the cap, or a full pool: no advice to raise it
     assert report.cap_lines(report.summarize(_capped_profile(cap=48, bs=16, kv_used=0.3))) == []
     (full,) = report.cap_lines(report.summarize(_capped_profile(cap=48, bs=48, kv_used=0.75)))

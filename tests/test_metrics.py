@@ -38,7 +38,9 @@ def _window(tmp_path):
 def test_each_window_sets_every_gauge_with_its_figures(tmp_path):
     w = _window(tmp_path)
     got = _exported(w)
-    assert set(got) == set(GAUGES)
+    # a profile written before the KV pool's use and the running-request cap were recorded
+    # (tests/test_adaptive.py sets those two from a window that has them)
+    assert set(got) == set(GAUGES) - ADDED_AFTER_RECORDING
     (tok,) = got["sglang:specprof_tokens_per_s"]
     assert tok == ({"tp_rank": "0"}, pytest.approx(w["tokens_per_s"]))
     kinds = {lab["kind"]: v for lab, v in got["sglang:specprof_window_seconds"]}
@@ -62,7 +64,12 @@ def test_every_dashboard_query_names_a_gauge_the_server_exports(tmp_path):
     """Every panel's query and every template variable reads a gauge the sink sets, with
     labels that gauge has; every gauge is drawn somewhere."""
     dash = json.loads(DASHBOARD.read_text())
-    got = _exported(_window(tmp_path))
+    w = _window(tmp_path)
+    # the fields a profile records since the recorded one was written (KV pool, cap)
+    w["config"]["max_running_requests"] = 48
+    for bk in w["buckets"].values():
+        bk["kv_used_share"] = dict.fromkeys(("mean", "p50", "p90", "p99", "max"), 0.3) | {"n": 1}
+    got = _exported(w)
     labels = {name: {"tp_rank", *extra} for name, (_, extra) in GAUGES.items()}
     used = set()
     exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
@@ -87,6 +94,11 @@ def test_every_dashboard_query_names_a_gauge_the_server_exports(tmp_path):
     assert used == set(GAUGES)
 
 
+# gauges added after tests/data/metrics/0.5.16 was recorded on the GPU machine: not yet read
+# from a real server's /metrics
+ADDED_AFTER_RECORDING = {"sglang:specprof_kv_used_share", "sglang:specprof_running_requests_cap"}
+
+
 def test_the_dashboard_reads_what_a_real_server_exported():
     """/metrics of a 0.5.16 server with --enable-metrics (tests/gpu/metrics_check.py on the
     GPU machine, tests/data/metrics/): every gauge is there, from SGLang's multiprocess
@@ -95,11 +107,11 @@ def test_the_dashboard_reads_what_a_real_server_exported():
     rec = ROOT / "tests" / "data" / "metrics" / "0.5.16"
     text = (rec / "metrics.txt").read_text()
     names = {re.match(r"[\w:]+", ln).group(0) for ln in text.splitlines() if ln.startswith("sglang:specprof_")}
-    assert names == set(GAUGES)
+    assert names == set(GAUGES) - ADDED_AFTER_RECORDING
     dash = json.loads(DASHBOARD.read_text())
     for p in dash["panels"]:
         for t in p["targets"]:
-            assert _names(t["expr"]) <= names, t["expr"]
+            assert _names(t["expr"]) <= names | ADDED_AFTER_RECORDING, t["expr"]
     check = json.loads((rec / "check.json").read_text())
     assert check["tokens_per_s_gauge"] == [check["tokens_per_s_latest_window"]]
 

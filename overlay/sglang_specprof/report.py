@@ -14,7 +14,7 @@ from collections import deque
 
 from . import advisor, compare, kernels, schema, window
 from .window import rounded as _r
-from .table import format_summary
+from .table import cap_lines, format_summary  # noqa: F401  (cap_lines: part of report's interface)
 from .trace import trace
 
 
@@ -526,42 +526,6 @@ def _drafting_sibling(summary: dict, key: str):
     return max(sibs, key=lambda kb: kb[1]["cycles"], default=None)
 
 
-AT_CAP = 0.95  # a bucket whose mean batch is this share of the running-request cap or more ran at it
-KV_TARGET = 0.8  # the KV pool's share in use that an advised cap aims at
-
-
-def cap_lines(summary: dict) -> list[str]:
-    """A line for each bucket that ran at the running-request cap (--max-running-requests; 0.5.16
-    sets 48 for a speculative server unless told): what held the batch there, the cap or the KV
-    pool, and the cap that would fill the pool to KV_TARGET. The profile sees the running
-    batch, not the queue: at the cap, requests beyond it wait for a slot."""
-    cap = (summary.get("config") or {}).get("max_running_requests")
-    if not isinstance(cap, int) or isinstance(cap, bool) or cap <= 0:
-        return []
-    out = []
-    for key, b in summary.get("buckets", {}).items():
-        n = (b.get("accept") or {}).get("verified_requests")
-        if not b.get("cycles") or not n:
-            continue
-        batch = (n + ((b.get("accept") or {}).get("skipped_requests") or 0)) / b["cycles"]
-        if batch < AT_CAP * cap:
-            continue
-        kv = b.get("kv_used_share") or {}
-        line = f"bs {key}: {batch:.1f} requests a cycle against the running-request cap of {cap}"
-        if kv.get("max") is not None:
-            line += f", the KV pool {100 * kv['mean']:.0f}% used (at most {100 * kv['max']:.0f}%)"
-            if kv["max"] < KV_TARGET:
-                advised = int(cap * KV_TARGET / max(kv["max"], 1e-3))
-                line += (f": the cap, not the memory, held the batch (requests beyond {cap} wait for a slot); "
-                         f"--max-running-requests {advised} would fill the pool to about {100 * KV_TARGET:.0f}%")
-            else:
-                line += ": the KV pool is near full too; a larger cap needs more KV memory"
-        else:
-            line += " (the KV pool's use is not in this profile: requests beyond the cap wait for a slot)"
-        out.append(line)
-    return out
-
-
 def zero_step_lines(summary: dict, advice: dict) -> list[str]:
     """A line for each bucket run at 0 steps that the advisor could not judge."""
     return [f"bs {key}: run at 0 steps, and these batch sizes never ran with drafting: no acceptance to predict "
@@ -613,7 +577,6 @@ def render(summary: dict, advice: dict) -> str:
     text += format_by_steps(by_steps(summary))
     text += format_switches(summary)
     text += zero_step_lines(summary, advice)
-    text += cap_lines(summary)
     for key, adv in advice.items():
         text.append(f"bs {key} " + advisor.format_advice(adv))
     for key, b in summary.get("buckets", {}).items():

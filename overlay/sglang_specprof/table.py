@@ -10,6 +10,42 @@ def _f(x, nd=3):
     return "-" if x is None else f"{x:.{nd}f}"
 
 
+AT_CAP = 0.95  # a bucket whose mean batch is this share of the running-request cap or more ran at it
+KV_TARGET = 0.8  # the KV pool's share in use that an advised cap aims at
+
+
+def cap_lines(summary: dict) -> list[str]:
+    """A line for each bucket that ran at the running-request cap (--max-running-requests; 0.5.16
+    sets 48 for a speculative server unless told): what held the batch there, the cap or the KV
+    pool, and the cap that would fill the pool to KV_TARGET. The profile sees the running
+    batch, not the queue: at the cap, requests beyond it wait for a slot."""
+    cap = (summary.get("config") or {}).get("max_running_requests")
+    if not isinstance(cap, int) or isinstance(cap, bool) or cap <= 0:
+        return []
+    out = []
+    for key, b in summary.get("buckets", {}).items():
+        n = (b.get("accept") or {}).get("verified_requests")
+        if not b.get("cycles") or not n:
+            continue
+        batch = (n + ((b.get("accept") or {}).get("skipped_requests") or 0)) / b["cycles"]
+        if batch < AT_CAP * cap:
+            continue
+        kv = b.get("kv_used_share") or {}
+        line = f"bs {key}: {batch:.1f} requests a cycle against the running-request cap of {cap}"
+        if kv.get("max") is not None:
+            line += f", the KV pool {100 * kv['mean']:.0f}% used (at most {100 * kv['max']:.0f}%)"
+            if kv["max"] < KV_TARGET:
+                advised = int(cap * KV_TARGET / max(kv["max"], 1e-3))
+                line += (f": the cap, not the memory, held the batch (requests beyond {cap} wait for a slot); "
+                         f"--max-running-requests {advised} would fill the pool to about {100 * KV_TARGET:.0f}%")
+            else:
+                line += ": the KV pool is near full too; a larger cap needs more KV memory"
+        else:
+            line += " (the KV pool's use is not in this profile: requests beyond the cap wait for a slot)"
+        out.append(line)
+    return out
+
+
 def format_summary(s: dict, pause=None, advice: dict | None = None) -> str:
     """`pause`: called after each bucket (the folder's thread gives the GIL back there);
     `advice`: the advisor's result per bucket where the caller has it (the report's, from
@@ -104,6 +140,10 @@ def format_summary(s: dict, pause=None, advice: dict | None = None) -> str:
             lines.append(f"  kernels: the sample of window {k.get('window')} could not be read ({k['error']})")
         else:
             lines.extend("  " + line for line in format_block(k))
+    try:
+        lines.extend("  " + line for line in cap_lines(s))
+    except Exception:  # the live log never fails on a field it does not expect
+        pass
     return "\n".join(lines)
 
 

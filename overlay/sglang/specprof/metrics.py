@@ -23,6 +23,9 @@ GAUGES = {
     "sglang:specprof_tokens_per_s": ("Committed tokens per second of decode time.", []),
     "sglang:specprof_window_seconds": ("GPU seconds of the last window by kind: decode, prefill, beside_prefill "
                                        "(the device waiting while the host admitted requests).", ["kind"]),
+    "sglang:specprof_kv_used_share": ("Mean share of the KV pool the running requests held at the bucket's cycles' "
+                                      "start.", ["bucket"]),
+    "sglang:specprof_running_requests_cap": ("The running-request cap (--max-running-requests) the profile read.", []),
     "sglang:specprof_advisor_best_steps": ("The step count the advisor predicts fastest for the bucket.", ["bucket"]),
     "sglang:specprof_advisor_expected_gain": ("The advisor's predicted tokens/s gain of its pick over the running "
                                               "setting (0.05 = +5%).", ["bucket"]),
@@ -49,6 +52,9 @@ class MetricsSink:
         for kind, key in (("decode", "seconds"), ("prefill", "prefill_seconds"),
                           ("beside_prefill", "beside_prefill_seconds")):
             self._set("sglang:specprof_window_seconds", s.get(key), kind=kind)
+        cap = (s.get("config") or {}).get("max_running_requests")
+        if isinstance(cap, int) and not isinstance(cap, bool):
+            self._set("sglang:specprof_running_requests_cap", cap)
         advice = self.advice(s)
         for key, b in s.get("buckets", {}).items():
             if not b.get("cycles"):
@@ -61,6 +67,7 @@ class MetricsSink:
             self._set("sglang:specprof_cycle_wall_ms", b["cycle_wall_ms"]["mean"], bucket=key)
             self._set("sglang:specprof_accept_length", b["accept"]["mean_length"], bucket=key)
             self._set("sglang:specprof_bucket_tokens_per_s", b.get("tokens_per_s"), bucket=key)
+            self._set("sglang:specprof_kv_used_share", (b.get("kv_used_share") or {}).get("mean"), bucket=key)
             for i, a in enumerate(b["accept"]["per_position"], 1):
                 self._set("sglang:specprof_position_accept_rate", a, bucket=key, position=str(i))
             adv = advice.get(key)
