@@ -824,7 +824,7 @@ def test_a_bucket_at_zero_steps_with_no_drafting_beside_it_gets_a_line_saying_wh
 
 
 def test_from_one_measured_position_the_advice_stays_inside_what_was_measured():
-    """The closed-loop run's buckets at 1 step: the central prediction runs to 8 steps (+124% at
+    """The closed-loop run's buckets at 1 step: the central prediction runs to 8 steps (+120% at
     one request), with the acceptance past the first position guessed. The advice keeps the
     step count whose low end beats the profiled one, no further than one step past what was
     measured, and says where to profile next."""
