@@ -32,7 +32,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpu_models import bench_dirs  # noqa: E402
 from serving import (eagle3_args, http, installed_sglang, load, machine, median_ci, portable_command,  # noqa: E402
-                     start_all, stop_all)
+                     round_args, start_all, stop_all)
 
 MODES = ["1", "2", "3", "4", "5", "ema", "cost"]
 CANDIDATES = [1, 2, 3, 4, 5]
@@ -93,12 +93,7 @@ def main():
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 16, 32])
     ap.add_argument("--shift", action="store_true")
     ap.add_argument("--new-tokens", type=int, default=256)
-    ap.add_argument("--rounds", type=int, default=8)
-    ap.add_argument("--warmup-rounds", type=int, default=1, help="rounds run first and not recorded")
-    ap.add_argument("--max-seconds", type=float, default=None, help="from the start: no round starts after this")
-    ap.add_argument("--out", default="bench/results")
-    ap.add_argument("--logs", default="bench-logs")
-    ap.add_argument("--tag", default="")
+    round_args(ap)
     a = ap.parse_args()
     t0 = time.time()
     target, draft = bench_dirs(a.out, a.logs)

@@ -40,8 +40,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from adaptive import Mode  # noqa: E402
 from gpu_models import bench_dirs  # noqa: E402
-from serving import (eagle3_args, http, installed_sglang, load, machine, median_ci, portable_command,  # noqa: E402
-                     start_all, stop_all)
+from serving import (eagle3_args, installed_sglang, load, machine, median_ci, portable_command,  # noqa: E402
+                     round_args, start_all, stop_all)
 
 POLICIES = ["ema", "ema-all", "cfg", "cost"]
 TOKENS = {1: 192, 32: 96, 128: 48}  # new tokens a request, by concurrency (others: 64)
@@ -130,12 +130,7 @@ def main():
     ap.add_argument("--graph-bs", type=int, nargs="+", default=[1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 64, 96, 128])
     ap.add_argument("--tokens-scale", type=float, default=1.0, help="scales each load's new tokens")
     ap.add_argument("--no-plain", action="store_true", help="no server without speculation")
-    ap.add_argument("--rounds", type=int, default=8)
-    ap.add_argument("--warmup-rounds", type=int, default=1, help="rounds run first and not recorded")
-    ap.add_argument("--max-seconds", type=float, default=None, help="from the start: no round starts after this")
-    ap.add_argument("--out", default="bench/results")
-    ap.add_argument("--logs", default="bench-logs")
-    ap.add_argument("--tag", default="")
+    round_args(ap)
     a = ap.parse_args()
     t0 = time.time()
     target, draft = bench_dirs(a.out, a.logs)

@@ -396,6 +396,17 @@ def interleaved_runs(ports, concurrency, new_tokens, rounds, budget=None, log=No
     return runs
 
 
+def round_args(ap):
+    """The options of a benchmark that runs interleaved rounds against servers it starts: how
+    many rounds, the warm-up, the time limit, and where results and logs go."""
+    ap.add_argument("--rounds", type=int, default=8)
+    ap.add_argument("--warmup-rounds", type=int, default=1, help="rounds run first and not recorded")
+    ap.add_argument("--max-seconds", type=float, default=None, help="from the start: no round starts after this")
+    ap.add_argument("--out", default="bench/results")
+    ap.add_argument("--logs", default="bench-logs")
+    ap.add_argument("--tag", default="")
+
+
 def portable_command(script, argv):
     """The command line as recorded: the run's own folders named, not spelled out."""
     out, names = [], {"--out": "OUT", "--logs": "OUT/logs", "--upstream-path": "UNPATCHED"}
