@@ -456,12 +456,15 @@ def advise(summary: dict) -> dict:
         return out
     fit = advisor.fit_verify(summary.get("verify_points") or [], steps,
                              advisor.draft_tokens(summary.get("config"), steps))
+    by_steps_at = _by_batch_sizes(summary)
+    local = {prefix: local_growth(runs) for prefix, runs in by_steps_at.items()}
     for key, b in summary["buckets"].items():
         at = window.bucket_steps(key)
-        sib = _drafting_sibling(summary, key) if at == 0 else None
+        prefix = key.partition("@")[0]
+        sib = _drafting_sibling(by_steps_at.get(prefix, {})) if at == 0 else None
         if at == 0 and sib is None:
             continue  # no drafting at these batch sizes: no acceptance to predict from
-        inp = advisor.inputs_from_bucket(b, steps if at is None else at, local_growth(summary, key) or fit,
+        inp = advisor.inputs_from_bucket(b, steps if at is None else at, local.get(prefix) or fit,
                                          summary.get("config"))
         if inp is None:
             continue
@@ -476,7 +479,7 @@ def advise(summary: dict) -> dict:
         adv = advisor.predict(inp, ks=range(0, 9) if at is not None else range(1, 9))
         if adv is None:
             continue
-        zero = summary["buckets"].get(key.partition("@")[0] + "@0") if at else None
+        zero = summary["buckets"].get(prefix + "@0") if at else None
         if zero and zero.get("tokens_per_s"):
             here = next((r for r in adv["rows"] if r["steps"] == at), None)
             rel = f" ({100 * (zero['tokens_per_s'] / here['tokens_per_s'] - 1):+.1f}% against {at} steps as " \
@@ -490,22 +493,28 @@ def advise(summary: dict) -> dict:
 LOCAL_MIN_CYCLES = 20  # cycles a bucket needs to be a point of the growth at its own batch sizes
 
 
-def local_growth(summary: dict, key: str):
-    """In an adaptive profile, verify's growth per verified token at the batch sizes of `key`
-    alone: the weighted slope of verify time against verified tokens a cycle among the step
-    counts those batch sizes ran at (three at least). Attention over each request's context
-    makes the growth differ with the batch size (on the H200, 0.006 ms a token at 17-32
-    requests, 0.015 at 65-128), which one plane through every bucket averages away. None
-    where there are too few."""
-    if window.bucket_steps(key) is None:
-        return None
-    prefix = key.partition("@")[0]
-    pts = []
+def _by_batch_sizes(summary: dict) -> dict:
+    """An adaptive profile's buckets by batch sizes, then step count: {"5-8": {2: (key, bucket)}}."""
+    out: dict = {}
     for k, b in summary["buckets"].items():
         s = window.bucket_steps(k)
+        if s is not None:
+            out.setdefault(k.partition("@")[0], {})[s] = (k, b)
+    return out
+
+
+def local_growth(runs: dict):
+    """In an adaptive profile, verify's growth per verified token at one bucket's batch sizes
+    alone (`runs`: {step count: (key, bucket)} of those batch sizes): the weighted slope of
+    verify time against verified tokens a cycle among the step counts they ran at (three at
+    least). Attention over each request's context makes the growth differ with the batch size
+    (on the H200, 0.006 ms a token at 17-32 requests, 0.015 at 65-128), which one plane through
+    every bucket averages away. None where there are too few."""
+    pts = []
+    for s, (_, b) in runs.items():
         v = (b["phases"].get(advisor.VERIFY) or {}).get("gpu_ms", {}).get("mean")
         n = b["accept"].get("verified_requests")
-        if k.partition("@")[0] != prefix or s is None or v is None or not n or b["cycles"] < LOCAL_MIN_CYCLES:
+        if v is None or not n or b["cycles"] < LOCAL_MIN_CYCLES:
             continue
         pts.append((n / b["cycles"] * (s + 1), v, b["cycles"]))
     if len({round(t, 3) for t, _, _ in pts}) < 3:
@@ -518,11 +527,10 @@ def local_growth(summary: dict, key: str):
                           "measured across step counts at these batch sizes")
 
 
-def _drafting_sibling(summary: dict, key: str):
-    """(key, bucket) of the same batch sizes run at a step count above 0 with the most cycles."""
-    prefix = key.partition("@")[0]
-    sibs = [(k, b) for k, b in summary["buckets"].items() if k.partition("@")[0] == prefix
-            and (window.bucket_steps(k) or 0) > 0 and b.get("cycles") and b["accept"].get("per_position")]
+def _drafting_sibling(runs: dict):
+    """(key, bucket) among `runs` ({step count: (key, bucket)} of one bucket's batch sizes) run at
+    a step count above 0, with the most cycles."""
+    sibs = [(k, b) for s, (k, b) in runs.items() if s > 0 and b.get("cycles") and b["accept"].get("per_position")]
     return max(sibs, key=lambda kb: kb[1]["cycles"], default=None)
 
 

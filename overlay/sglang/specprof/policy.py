@@ -555,12 +555,11 @@ class CostPolicy:
         if missing:
             raise ValueError(f"{text}: step counts {missing} are not among this server's {self.candidate_steps}")
         graphs = self.up._cuda_graph_bs
+        rule.set_cuda_graph_bs(graphs)
         for v in graphs or ():  # each captured batch size: a graph for every step count its tier may run
-            rule.set_cuda_graph_bs(graphs)
             lacking = [c for c in rule._route(v).candidate_steps if v not in (self.cuda_graph_bs_for_step(c) or ())]
             if lacking:
                 raise ValueError(f"{text}: this server has no graphs at batch size {v} for step counts {lacking}")
-        rule.set_cuda_graph_bs(self.up._cuda_graph_bs)
         self._rules[text] = rule
         return rule
 
