@@ -1,17 +1,20 @@
 #!/usr/bin/env bash
-# On the GPU machine, in two calls that follow each other while the machine is warm:
-#   bench/run_closed_loop.sh start WAIT_S [closed_loop.py args...]   the bundle patched in place,
-#       bench/closed_loop.py started in a session of its own (it outlives the call), then
-#       WAIT_S seconds of its log and what it wrote so far packed into $OUT/closed-loop.tar.xz
-#   bench/run_closed_loop.sh finish WAIT_S                           until it ends (WAIT_S at most), then the pack
+# On the GPU machine, as two commands of which the benchmark outlives the first:
+#   bench/run_closed_loop.sh start WAIT_S PACK_DIR [closed_loop.py args...]   the bundle patched in
+#       place, bench/closed_loop.py started in a session of its own, then after WAIT_S seconds (or
+#       its end) its log and what it wrote so far packed into PACK_DIR/closed-loop.tar.xz
+#   bench/run_closed_loop.sh finish WAIT_S PACK_DIR                           until it ends (WAIT_S at
+#       most), then the pack
 # The bundle: .gpu-bundle/site-0.5.16.tar.xz (or any site-RELEASE bundle that holds sglang).
 set -uo pipefail
-what=${1:?usage: bench/run_closed_loop.sh start|finish WAIT_S [args...]}; wait_s=${2:?WAIT_S}; shift 2
+what=${1:?usage: bench/run_closed_loop.sh start|finish WAIT_S PACK_DIR [args...]}; wait_s=${2:?WAIT_S}
+pack_dir=${3:?PACK_DIR}; shift 3
 root=/tmp/closed-loop
 t0=$(date +%s)
 pack() {
-  tar -C "$root" -cJf "$OUT/closed-loop.tar.xz" --exclude=models --exclude=site out logs bench.log 2>/dev/null
-  ls -l "$OUT"
+  mkdir -p "$pack_dir"
+  tar -C "$root" -cJf "$pack_dir/closed-loop.tar.xz" --exclude=models --exclude=site out logs bench.log 2>/dev/null
+  ls -l "$pack_dir"
 }
 if [ "$what" = start ]; then
   rm -rf "$root"; mkdir -p "$root/site" "$root/out" "$root/logs"
