@@ -1,4 +1,4 @@
-"""Faults a user or the machine can cause, and what each must do (README: Faults)."""
+"""Faults a user or the machine can cause, and what each must do (docs/faults.md)."""
 import errno
 import json
 import os
