@@ -16,8 +16,13 @@ Before each run the benchmark writes the mode there and waits until /server_info
   from this server's own profile after the warm-up round;
 - `cost`: the cost policy.
 
-`plain`: a second server, the same model without speculation, on the same GPU; both servers
-take the same `--max-running-requests`. Loads: `--concurrency` requests at once, and with
+`plain`: a second server, the same model without speculation, on the same GPU; `up` (with
+`--upstream-server`): a third, upstream's adaptive speculation as a user launches it
+(`--speculative-adaptive`, its default config, no profile, and upstream's own step-0 path:
+SGLANG_SPECPROF_ZERO_STEP_DECODE=0). Every server takes the same `--max-running-requests`.
+Before the rounds, the same greedy requests go to the speculative server at 0 steps and to
+the server without speculation: a step-0 cycle verifies the target's own next token, so the
+two must answer alike (`step0_vs_plain` in the result). Loads: `--concurrency` requests at once, and with
 `--alternate` one that alternates between 1 request and `--alternate` at once, twice. After
 each run the benchmark reads the profile's totals (its committed tokens and decode GPU time
 in that run) and, in `cost` runs, the policy's figure for the step count each tier ran: the
@@ -35,13 +40,14 @@ import os
 import statistics
 import subprocess
 import sys
+import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from adaptive import Mode  # noqa: E402
 from gpu_models import bench_dirs  # noqa: E402
-from serving import (eagle3_args, installed_sglang, load, machine, median_ci, portable_command,  # noqa: E402
-                     round_args, start_all, stop_all)
+from serving import (eagle3_args, http, installed_sglang, load, machine, median_ci,  # noqa: E402
+                     portable_command, round_args, start_all, stop_all)
 
 POLICIES = ["ema", "ema-all", "cfg", "cost"]
 TOKENS = {1: 192, 32: 96, 128: 48}  # new tokens a request, by concurrency (others: 64)
@@ -74,6 +80,31 @@ def alternate_load(port, high, scale):
     return tok, secs, reqs
 
 
+def output_ids(port, n, new):
+    """`n` greedy requests at once (distinct prompts): their output ids, in order."""
+    got = [None] * n
+
+    def one(i):
+        ids = [200 + (i * 13 + j * 7) % 5000 for j in range(48 + 8 * i)]
+        got[i] = http(port, "/generate", {"input_ids": ids, "sampling_params": {
+            "max_new_tokens": new, "temperature": 0, "ignore_eos": True}})["output_ids"]
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return got
+
+
+def same_answers(a, b):
+    """How far two servers' answers to the same requests agree: requests identical, and tokens
+    equal up to each request's first difference."""
+    prefix = [next((i for i, (x, y) in enumerate(zip(p, q)) if x != y), min(len(p), len(q))) for p, q in zip(a, b)]
+    return {"requests": len(a), "identical": sum(p == q for p, q in zip(a, b)),
+            "tokens_before_first_difference": sum(prefix), "tokens": sum(len(p) for p in a)}
+
+
 def totals(mode):
     t = mode.state()["totals"]
     return t["committed_tokens"], t["decode_gpu_ms"]
@@ -99,7 +130,8 @@ def analyse(by_mode, statics):
     best = max(static, key=static.get)
     res = {"rounds": n, "median_tok_s": {m: round(v, 1) for m, v in med.items()}, "best_static": int(best)}
     pairs = [("cost", best), ("cost", "ema"), ("cost", "ema-all"), ("cost", "cfg"), ("cfg", "ema"),
-             ("ema", best), (best, "plain"), ("0", "plain"), ("cost", "plain")]
+             ("ema", best), (best, "plain"), ("0", "plain"), ("cost", "plain"), ("cost", "up"), ("ema", "up"),
+             ("cfg", "up"), ("up", best), ("up", "plain")]
     for a, b in pairs:
         if a in med and b in med and len(by_mode[a]) >= n and len(by_mode[b]) >= n:
             r = [x / y for x, y in zip(by_mode[a][:n], by_mode[b][:n])]
@@ -130,6 +162,8 @@ def main():
     ap.add_argument("--graph-bs", type=int, nargs="+", default=[1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 64, 96, 128])
     ap.add_argument("--tokens-scale", type=float, default=1.0, help="scales each load's new tokens")
     ap.add_argument("--no-plain", action="store_true", help="no server without speculation")
+    ap.add_argument("--upstream-server", action="store_true",
+                    help="a third server: upstream's adaptive speculation with its default config and step-0 path")
     round_args(ap)
     a = ap.parse_args()
     t0 = time.time()
@@ -145,11 +179,15 @@ def main():
     plan = {"spec": (argv, env)}
     if not a.no_plain:
         plan["plain"] = (plain_args(common), dict(os.environ))
+    if a.upstream_server:
+        up_env = {k: v for k, v in env.items() if k != "SGLANG_SPECPROF_POLICY_FILE"}
+        plan["up"] = (common + ["--speculative-adaptive"], dict(up_env, SGLANG_SPECPROF_ZERO_STEP_DECODE="0"))
     servers = start_all(plan, a.logs)
     print(f"{len(servers)} servers ready in {time.time() - t0:.0f} s "
           f"({', '.join(f'{n} {s.ready_s} s' for n, s in servers.items())})", flush=True)
     statics = [str(s) for s in (a.statics if a.statics is not None else range(0, a.launch_steps + 1))]
-    modes = statics + POLICIES + ([] if a.no_plain else ["plain"])
+    others = ([] if a.no_plain else ["plain"]) + (["up"] if a.upstream_server else [])
+    modes = statics + POLICIES + others
     loads = [f"c{c}" for c in a.concurrency] + ([f"alt{a.alternate}"] if a.alternate else [])
     runs = {ld: {m: [] for m in modes} for ld in loads}
     checks = {ld: [] for ld in loads}  # per cost run: clients' tok/s, the profile's, the policy's figures
@@ -158,10 +196,16 @@ def main():
     cfg_path = os.path.join(a.logs, "adaptive-config.json")
     result_path = os.path.join(a.out, f"closed-loop-{installed_sglang()}{a.tag}.json")
     client_decode = 0
+    step0 = None
     try:
         for c in sorted(set(a.concurrency) | ({a.alternate} if a.alternate else set())):
             for name, srv in servers.items():  # each batch size's kernels compiled before anything is timed
                 load(srv.port, c, 16)
+        if "plain" in servers:
+            mode.set("0")
+            step0 = {str(n): same_answers(output_ids(spec.port, n, 64), output_ids(servers["plain"].port, n, 64))
+                     for n in (1, 16)}
+            print("step 0 against the server without speculation:", json.dumps(step0), flush=True)
         time.sleep(1.0)
         before = totals(mode)[0]
         for r in range(-a.warmup_rounds, a.rounds):
@@ -190,8 +234,8 @@ def main():
                 for m in order:
                     if m == "cfg" and r < 0:
                         continue  # written after the warm-up
-                    srv = servers["plain"] if m == "plain" else spec
-                    if m != "plain":
+                    srv = servers[m] if m in others else spec
+                    if m not in others:
                         mode.set(f"ema:{cfg_path}" if m == "cfg" else m)
                         tok0, ms0 = totals(mode)
                     if ld.startswith("alt"):
@@ -201,7 +245,7 @@ def main():
                         tok, secs = load(srv.port, c, new_tokens(c, a.tokens_scale))
                         reqs = c
                     got[m] = round(tok / secs, 2)
-                    if m != "plain":
+                    if m not in others:
                         client_decode += tok - reqs  # the first token of each is its prefill's
                         st = mode.state()
                         tok1, ms1 = st["totals"]["committed_tokens"], st["totals"]["decode_gpu_ms"]
@@ -216,14 +260,14 @@ def main():
                         runs[ld][m].append(v)
                 print(f"{ld} {'round' if r >= 0 else 'warm-up'} {r}: " + " ".join(f"{m} {got[m]:.0f}" for m in modes
                                                                                    if m in got), flush=True)
-            _write(result_path, a, runs, checks, statics, client_decode, None, servers)
+            _write(result_path, a, runs, checks, statics, client_decode, None, servers, step0)
         time.sleep(3.5)
         mode.set("cost")
         st = mode.state()
         exact = {"client_decode_tokens": client_decode,
                  "profile_committed_tokens": st["totals"]["committed_tokens"] - before,
                  "policy": st["adaptive_policy"]}
-        _write(result_path, a, runs, checks, statics, client_decode, exact, servers)
+        _write(result_path, a, runs, checks, statics, client_decode, exact, servers, step0)
         print(json.dumps({ld: {k: v for k, v in (analyse(runs[ld], statics) or {}).items()} for ld in loads},
                          indent=1))
         print(json.dumps({k: v for k, v in exact.items() if k != "policy"}))
@@ -231,13 +275,13 @@ def main():
         stop_all(servers)
 
 
-def _write(path, a, runs, checks, statics, client_decode, exact, servers):
+def _write(path, a, runs, checks, statics, client_decode, exact, servers, step0):
     res = {"benchmark": "closed-loop", "sglang": installed_sglang(), "mean": a.mean, "launch_steps": a.launch_steps,
            "max_running_requests": a.max_running, "graph_bs": a.graph_bs,
            "new_tokens": {str(c): new_tokens(c, a.tokens_scale) for c in a.concurrency},
            "ready_s": {n: s.ready_s for n, s in servers.items()},
            "runs": runs, "analysis": {ld: analyse(v, statics) for ld, v in runs.items()}, "checks": checks,
-           "exact": exact, "command": portable_command("bench/closed_loop.py", sys.argv[1:]), "machine": machine(),
+           "exact": exact, "step0_vs_plain": step0, "command": portable_command("bench/closed_loop.py", sys.argv[1:]), "machine": machine(),
            "date": datetime.date.today().isoformat()}
     with open(path, "w") as f:
         json.dump(res, f, indent=1)

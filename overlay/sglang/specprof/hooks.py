@@ -13,6 +13,7 @@ import signal
 
 from sglang_specprof.ranks import RankExchange, exchange_folder
 
+from . import zero_step
 from .jsonl import JsonlSink, rank_path
 from .kernel_sampler import CYCLES, KernelSampler
 from .null import NullProfiler
@@ -172,7 +173,12 @@ def install(server_args, tp_rank: int = 0, worker: str = "v2") -> None:
 def adaptive(controller, server_args) -> None:
     """SGLang's adaptive controller was made (--speculative-adaptive): with
     --speculative-adaptive-policy cost (or SGLANG_SPECPROF_POLICY_FILE set, for benchmarks) its chooser
-    becomes the cost policy, fed by the profiler (policy.py)."""
+    becomes the cost policy, fed by the profiler (policy.py). With the profile on or off, its
+    0-step state verifies through the decode attention kernel where that is exact (zero_step.py)."""
+    try:
+        zero_step.install(controller.worker)
+    except Exception as e:
+        logger.warning("step-0 verify keeps upstream's path (%s: %s)", type(e).__name__, e)
     mode = getattr(server_args, "speculative_adaptive_policy", None) or "ema"
     if not P.enabled or (mode == "ema" and not os.environ.get(POLICY_FILE_ENV)):
         return
