@@ -162,6 +162,11 @@ def main():
     ap.add_argument("--graph-bs", type=int, nargs="+", default=[1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 64, 96, 128])
     ap.add_argument("--tokens-scale", type=float, default=1.0, help="scales each load's new tokens")
     ap.add_argument("--no-plain", action="store_true", help="no server without speculation")
+    ap.add_argument("--policies", nargs="*", default=POLICIES, choices=POLICIES, help="the adaptive modes run")
+    ap.add_argument("--step0-control", action="store_true",
+                    help="a server like the speculative one with upstream's step-0 path, answering the same "
+                         "greedy requests at 0 steps (not in the rounds); both with SGLANG_SIMULATE_ACC_TOKEN_MODE="
+                         "real-draft-token, so that a 0-step cycle commits the target's own token")
     ap.add_argument("--upstream-server", action="store_true",
                     help="a third server: upstream's adaptive speculation with its default config and step-0 path")
     round_args(ap)
@@ -176,7 +181,14 @@ def main():
     mode_path = os.path.join(a.logs, "mode")
     env = dict(os.environ, SGLANG_SIMULATE_ACC_METHOD="multinomial", SGLANG_SIMULATE_ACC_LEN=str(a.mean),
                SGLANG_SPECPROF_POLICY_FILE=mode_path)
+    if a.step0_control:
+        env["SGLANG_SIMULATE_ACC_TOKEN_MODE"] = "real-draft-token"
     plan = {"spec": (argv, env)}
+    if a.step0_control:
+        ctl_mode = os.path.join(a.logs, "mode-control")
+        ctl_argv = [x if x != profile else os.path.join(a.logs, "profile-control.jsonl") for x in argv]
+        plan["control"] = (ctl_argv, dict(env, SGLANG_SPECPROF_POLICY_FILE=ctl_mode,
+                                          SGLANG_SPECPROF_ZERO_STEP_DECODE="0"))
     if not a.no_plain:
         plan["plain"] = (plain_args(common), dict(os.environ))
     if a.upstream_server:
@@ -187,7 +199,7 @@ def main():
           f"({', '.join(f'{n} {s.ready_s} s' for n, s in servers.items())})", flush=True)
     statics = [str(s) for s in (a.statics if a.statics is not None else range(0, a.launch_steps + 1))]
     others = ([] if a.no_plain else ["plain"]) + (["up"] if a.upstream_server else [])
-    modes = statics + POLICIES + others
+    modes = statics + list(a.policies) + others
     loads = [f"c{c}" for c in a.concurrency] + ([f"alt{a.alternate}"] if a.alternate else [])
     runs = {ld: {m: [] for m in modes} for ld in loads}
     checks = {ld: [] for ld in loads}  # per cost run: clients' tok/s, the profile's, the policy's figures
@@ -203,8 +215,14 @@ def main():
                 load(srv.port, c, 16)
         if "plain" in servers:
             mode.set("0")
-            step0 = {str(n): same_answers(output_ids(spec.port, n, 64), output_ids(servers["plain"].port, n, 64))
-                     for n in (1, 16)}
+            sizes = sorted({1, 16, min(a.max_running, max(a.graph_bs) + 32)})  # the last above the graphs
+            plain = {n: output_ids(servers["plain"].port, n, 64) for n in sizes}
+            step0 = {str(n): same_answers(output_ids(spec.port, n, 64), plain[n]) for n in sizes}
+            if "control" in servers:
+                Mode(servers["control"].port, ctl_mode).set("0")
+                step0 = {"decode_route": step0, "upstream_route": {
+                    str(n): same_answers(output_ids(servers["control"].port, n, 64), plain[n]) for n in sizes}}
+                servers.pop("control").stop()  # not in the rounds
             print("step 0 against the server without speculation:", json.dumps(step0), flush=True)
         time.sleep(1.0)
         before = totals(mode)[0]

@@ -233,13 +233,23 @@ class Tier:
 
     def period(self, c, at=(None, 0.0)):
         """(GPU ms per cycle at `c`, "measured" or "predicted"), or (None, "unknown"); `at`:
-        (batch size, slope) to compare at (at_batch)."""
+        (batch size, slope) to compare at (at_batch).
+
+        0 steps is another path (no draft, no tree, a verify of one token a request, which runs
+        the decode kernel: zero_step.py): it is never predicted from the step counts that
+        draft, nor they from it; a stale figure of its own is its prediction, and one never
+        measured is unknown (`decide` probes it once)."""
         if self.fresh(c):
             return self.periods[c].mean(*at), "measured"
-        cur = self.periods[self.steps]
+        own = self.periods[c]
+        drafting = [k for k in self.candidates if k > 0 and self.fresh(k)]
+        ref = self.steps if self.steps > 0 else min(drafting, key=lambda k: abs(k - c), default=None)
+        if c == 0 or ref is None:
+            return (own.mean(*at), "predicted") if own.measured() else (None, "unknown")
+        cur = self.periods[ref]
         if not cur.measured():
             return None, "unknown"
-        pts = [(k, self.periods[k].mean(*at)) for k in self.candidates if self.fresh(k)]
+        pts = [(k, self.periods[k].mean(*at)) for k in drafting]
         slope = 0.0
         if len(pts) >= 2:
             n = len(pts)
@@ -253,8 +263,8 @@ class Tier:
         # at most the whole cycle in proportion to its tokens (steps + 1): a noisy line through
         # close points must not predict a cycle for nothing
         t = cur.mean(*at)
-        slope = min(slope, t / (self.steps + 1))
-        return t + slope * (c - self.steps), "predicted"
+        slope = min(slope, t / (ref + 1))
+        return t + slope * (c - ref), "predicted"
 
     def settled(self) -> bool:
         """It decided with a figure for the step count it runs."""
@@ -424,6 +434,11 @@ class CostPolicy:
         here = rates[cur][0]
         if here is None:
             return None  # nothing measured yet at the step count it runs
+        # the other side of 0 (drafting or not), never run in this tier: probed once, since
+        # neither side predicts the other (Tier.period)
+        side = [c for c in t.candidates if (c == 0) != (cur == 0) and c not in t.probed_at]
+        if side and all(rates[c][1] == "unknown" for c in side):
+            return self._probe(t, min(side, key=lambda c: abs(c - cur)), here, None, "first")
         best = max((c for c in t.candidates if rates[c][0] is not None), key=lambda c: rates[c][0])
         b_rate, b_how = rates[best]
         if best != cur and b_rate > here * (1 + HYSTERESIS):
@@ -463,8 +478,9 @@ class CostPolicy:
         t.steps = new
         self.switches += 1
         bs = t.periods[old].mean_bs() or t.key
-        logger.info("speculative adaptive (cost): tier %s, steps %d -> %d (%s: %.0f -> %.0f tok/s at batch %.1f)",
-                    t.key, old, new, why, old_rate * bs * 1000.0, new_rate * bs * 1000.0, bs)
+        logger.info("speculative adaptive (cost): tier %s, steps %d -> %d (%s: %.0f -> %s tok/s at batch %.1f)",
+                    t.key, old, new, why, old_rate * bs * 1000.0,
+                    "unknown" if new_rate is None else f"{new_rate * bs * 1000.0:.0f}", bs)
         return new
 
     # -- reads ------------------------------------------------------------------------------
