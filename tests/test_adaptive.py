@@ -911,3 +911,24 @@ def test_a_batch_held_at_the_running_request_cap_is_named_with_the_kv_pool_s_use
     assert report.cap_lines(report.summarize(_capped_profile(cap=48, bs=16, kv_used=0.3))) == []
     (full,) = report.cap_lines(report.summarize(_capped_profile(cap=48, bs=48, kv_used=0.75)))
     assert "near full" in full and "--max-running-requests" not in full
+
+
+@pytest.mark.parametrize("lo, bs, want", [(1, 1, (2, 3, 4)), (17, 32, (3,)), (65, 128, (0,))])
+def test_replayed_on_the_decode_route_run_the_policy_probes_zero_steps_once_and_keeps_it_where_it_pays(lo, bs, want):
+    """The GPU closed-loop run with the 0-step verify on the decode kernel (zero_step.py):
+    at 65-128 requests 0 steps measured 16457 tok/s against 12244 at 2 steps, where its own
+    prediction from the drafting step counts (a line through 2-4 steps) had said 6333 and the
+    policy never ran it. From the launch step count it now probes 0 once, keeps it at 65-128
+    and leaves it at 1 and 17-32 requests (-55% and -35% there)."""
+    rec = _recorded("0.5.16-closed-loop-decode0", 100)
+    fig = {s: rec[(lo, s)] for s in range(0, 8) if (lo, s) in rec}
+    best, near, cost, draws = _replaying(fig, 5)
+    cands = sorted(fig)
+    policy, p, b, out = _cost_policy({"1": {"candidate_steps": cands}}, launch_steps=max(cands))
+    policy.tiers[1].steps = max(cands)
+    used, _ = run_policy(policy, p, b, bs, 3.0, cost, 2500, draws=draws)
+    assert 0 in used[:400]  # probed early
+    tail = used[-800:]
+    assert sum(s in want for s in tail) >= 0.85 * len(tail), (want, {s: tail.count(s) for s in cands})
+    got = sum(fig[s][2] for s in tail) / len(tail)
+    assert got >= 0.97 * fig[best][2], (got, {s: f[2] for s, f in fig.items()})
