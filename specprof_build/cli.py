@@ -92,10 +92,12 @@ def build(args, log) -> Path | None:
     if args.restore is not None:
         if args.into is not None or args.sglang or args.check or args.from_wheel:
             raise BuildError("--restore takes only the site; leave out --into, --sglang, --check and --from-wheel.")
-        inplace.restore_installed(args.restore, log)
+        with inplace.locked(args.restore):
+            inplace.restore_installed(args.restore, log)
         return None
     if args.into is not None:
-        return into(args, log)
+        with inplace.locked(args.into):  # one --into or --restore at a time on a site
+            return into(args, log)
     rel = release.load(args.sglang or release.default_release(patches), patches)
     name, source = _upstream(args, rel, log)
     if args.check:
