@@ -89,13 +89,17 @@ def build(args, log) -> Path | None:
     patches = args.patches or release.PATCHES
     if not patches.is_dir():
         raise BuildError(f"--patches {patches}: no such folder.")
+    if args.sglang is not None:
+        release.check_release(args.sglang, patches)
     if args.restore is not None:
         if args.into is not None or args.sglang or args.check or args.from_wheel:
             raise BuildError("--restore takes only the site; leave out --into, --sglang, --check and --from-wheel.")
-        inplace.restore_installed(args.restore, log)
+        with inplace.locked(args.restore):
+            inplace.restore_installed(args.restore, log)
         return None
     if args.into is not None:
-        return into(args, log)
+        with inplace.locked(args.into):  # one --into or --restore at a time on a site
+            return into(args, log)
     rel = release.load(args.sglang or release.default_release(patches), patches)
     name, source = _upstream(args, rel, log)
     if args.check:
@@ -124,7 +128,7 @@ def _manifest_agrees(rel, name, source) -> bool:
     mpath = rel.directory / inplace.MANIFEST
     if not mpath.is_file():
         return False
-    if mpath.read_text() != inplace.manifest_from_wheel(rel, source):
+    if release.read_text(mpath, f"{rel.directory.name}/{inplace.MANIFEST}") != inplace.manifest_from_wheel(rel, source):
         raise BuildError(f"{rel.directory.name}/{inplace.MANIFEST} does not match {name}; "
                          f"the series folder and the pin disagree.")
     return True
@@ -220,6 +224,9 @@ def main_rebase(argv) -> int:
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
 
     def run():
+        for flag, version in (("--onto", args.onto), ("--from", args.from_version)):
+            if version is not None and not release.is_release(version):  # before it names a folder or asks PyPI
+                raise BuildError(f"{flag} {release.shown(version)} is not an SGLang release number (like 0.5.16).")
         if args.abort:
             rebase.abort(args.onto, log)
         elif args.cont:

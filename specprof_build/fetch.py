@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
+import zipfile
 from pathlib import Path
 
 from packaging.tags import Tag, sys_tags
@@ -22,7 +25,7 @@ PARTIAL = ".partial-"
 def default_cache() -> Path:
     env = os.environ.get("SGLANG_SPECPROF_CACHE")
     if env:
-        return Path(env)
+        return Path(env).expanduser()  # '~/x' as a shell would read it, not a folder named ~
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "sglang-specprof"
 
@@ -170,10 +173,24 @@ def fetch(pin: Pin, name: str, cache: Path, offline: bool = False, log=print) ->
     return final
 
 
+def check_wheel_file(path: Path, flag: str = "--from-wheel") -> None:
+    """`path` is a file that can be a wheel: there, a regular file (not a folder, a device
+    that reads forever, or a pipe), and a zip archive named *.whl."""
+    try:
+        st = path.stat()
+    except OSError as e:
+        raise BuildError(f"{flag} {path}: {'no such file' if e.errno == errno.ENOENT else e.strerror}.") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise BuildError(f"{flag} {path} is a folder; give the wheel file (sglang-X.Y.Z-....whl).")
+    if not stat.S_ISREG(st.st_mode):
+        raise BuildError(f"{flag} {path} is not a regular file (a device or a pipe); give the wheel file.")
+    if path.suffix != ".whl" and not zipfile.is_zipfile(path):
+        raise BuildError(f"{flag} {path} is not a wheel (no .whl name, not a zip archive).")
+
+
 def from_wheel(pin: Pin, path: Path) -> str:
     """The pinned artifact name that the user's file is, by its hash."""
-    if not path.is_file():
-        raise BuildError(f"--from-wheel {path}: no such file.")
+    check_wheel_file(path)
     got = sha256_file(path)
     for name, digest in pin.artifacts.items():
         if digest == got:

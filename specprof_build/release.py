@@ -19,6 +19,27 @@ OVERLAY = ROOT / "overlay"
 HEADER_FIELDS = ("Description:", "Forwarded:", "Last-Update:")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*\.patch$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
+RELEASE = re.compile(r"\d{1,6}(\.\d{1,6}){0,5}(\.post\d{1,6})?")  # 0.5.16, 0.5.12.post1: a release number
+
+
+def is_release(version: str) -> bool:
+    return RELEASE.fullmatch(version) is not None
+
+
+def shown(arg: str, width: int = 40) -> str:
+    """A user's argument quoted for a message, cut to `width` characters."""
+    return repr(arg if len(arg) <= width else arg[:width] + "...")
+
+
+def read_text(path: Path, where: str | None = None) -> str:
+    """A file of a series folder as text: one that is not UTF-8, or cannot be read, is one sentence."""
+    try:
+        return path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise BuildError(f"{where or path} is not UTF-8 text (byte {e.start} is not); it is damaged or not "
+                         f"the file build.py expects there.") from None
+    except OSError as e:
+        raise BuildError(f"Cannot read {where or path}: {e.strerror}.") from None
 
 
 @dataclass(frozen=True)
@@ -125,7 +146,7 @@ def lint(directory: Path) -> list[str]:
     if not series.is_file():
         return [f"{directory.name} has no series file."]
     try:
-        names = parse_series(series.read_text(), f"{directory.name}/series")
+        names = parse_series(read_text(series, f"{directory.name}/series"), f"{directory.name}/series")
     except BuildError as e:
         return [str(e)]
     seen = set()
@@ -137,7 +158,11 @@ def lint(directory: Path) -> list[str]:
         if not path.is_file():
             problems.append(f"{directory.name}/series lists {name}, which does not exist.")
             continue
-        text = path.read_text(errors="replace")
+        try:
+            text = path.read_bytes().decode("utf-8")
+        except UnicodeDecodeError:
+            problems.append(f"{directory.name}/{name} is not UTF-8 text.")
+            continue
         head = text.split("\n---\n", 1)[0] if "\n---\n" in text else text.split("\ndiff --git", 1)[0]
         missing = [f for f in HEADER_FIELDS if not re.search(rf"^{re.escape(f)}", head, re.M)]
         if missing:
@@ -155,6 +180,9 @@ def available(patches: Path | None = None) -> list[str]:
     found = []
     for d in patches.glob("sglang-*"):
         if (d / "series").is_file():
+            if not is_release(d.name[len("sglang-"):]):
+                raise BuildError(f"{d} is not named for a release (sglang-X.Y.Z, like sglang-0.5.16); "
+                                 f"rename or remove it.")
             found.append(d.name[len("sglang-"):])
     return sorted(found, key=Version)
 
@@ -169,19 +197,24 @@ def nearest(version: str, have: list[str]) -> tuple[str | None, str | None]:
 
 def default_release(patches: Path | None = None) -> str:
     path = (patches or PATCHES) / "default"
-    try:
-        return path.read_text().strip()
-    except OSError:
-        raise BuildError(f"{path} is missing; it names the default release (or pass --sglang).") from None
+    if not path.is_file():
+        raise BuildError(f"{path} is missing; it names the default release (or pass --sglang).")
+    return read_text(path).strip()
+
+
+def check_release(version: str, patches: Path | None = None) -> None:
+    """A release number, before it names a path (no '..', no name too long for the file system)."""
+    if not is_release(version):
+        raise BuildError(f"{shown(version)} is not an SGLang release number (like 0.5.16); "
+                         f"{patches or PATCHES} has {', '.join(available(patches)) or 'none'}.")
 
 
 def load(version: str, patches: Path | None = None) -> Release:
     patches = patches or PATCHES
+    check_release(version, patches)
     directory = patches / f"sglang-{version}"
     if not (directory / "series").is_file():
         have = ", ".join(available(patches)) or "none"
-        if not re.fullmatch(r"\d+(\.\d+)*(\.post\d+)?", version):
-            raise BuildError(f"{version!r} is not an SGLang release number (like 0.5.16); {patches} has {have}.")
         older, newer = nearest(version, available(patches))
         near = " and ".join(f"{v} ({side})" for v, side in ((older, "older"), (newer, "newer")) if v)
         start = older or newer
@@ -197,8 +230,8 @@ def load(version: str, patches: Path | None = None) -> Release:
     pin_path = directory / "pin.toml"
     if not pin_path.is_file():
         raise BuildError(f"{directory.name} has no pin.toml.")
-    pin = parse_pin(pin_path.read_text(), f"{directory.name}/pin.toml")
+    pin = parse_pin(read_text(pin_path, f"{directory.name}/pin.toml"), f"{directory.name}/pin.toml")
     if pin.version != version:
         raise BuildError(f"{directory.name}/pin.toml pins {pin.version}, not {version}.")
-    names = parse_series((directory / "series").read_text())
+    names = parse_series(read_text(directory / "series"))
     return Release(version=version, directory=directory, pin=pin, patches=[directory / n for n in names])

@@ -88,6 +88,10 @@ def applies(rel: release.Release, wheel: Path) -> str | None:
 
 
 def main(args, log) -> int:
+    if args.patches is not None and not args.patches.is_dir():
+        raise BuildError(f"--patches {args.patches}: no such folder.")
+    if args.from_wheel is not None:
+        fetch.check_wheel_file(args.from_wheel)  # before the network, and whether or not it is needed
     data = simple_index()
     s = survey(data, args.patches)
     log(f"series    newest {s['newest_series']}; PyPI has {len(releases(data))} releases")

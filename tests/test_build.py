@@ -244,3 +244,28 @@ def test_the_wheel_is_the_same_bytes_whatever_the_umask(tmp_path, upstream_wheel
         os.umask(old)
     assert proc.returncode == 0, proc.stderr
     assert fetch.sha256_file(Path(proc.stdout.strip())) == fetch.sha256_file(built_wheel)
+
+
+def test_a_folder_of_series_named_for_no_release_is_one_sentence(tmp_path):
+    patches = tmp_path / "patches"
+    (patches / "sglang-garbage").mkdir(parents=True)
+    (patches / "sglang-garbage" / "series").write_text("")
+    (patches / "default").write_text("0.5.16\n")
+    for argv in (["--list"], ["--sglang", "0.5.99"]):
+        proc = run_build(*argv, "--patches", str(patches), "--out", str(tmp_path / "d"))
+        assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+        assert f"{patches / 'sglang-garbage'} is not named for a release (sglang-X.Y.Z" in proc.stderr
+
+
+def test_the_cache_folder_from_the_environment_expands_the_home_folder(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("SGLANG_SPECPROF_CACHE", "~/x")
+    assert fetch.default_cache() == tmp_path / "x"
+
+
+def test_rebase_onto_a_name_that_is_no_release_asks_no_one(tmp_path):
+    for argv in (["--onto", "../../etc"], ["--onto", "0.5.99", "--from", "../x"], ["--onto", "../../etc", "--abort"]):
+        proc = run_build("rebase", *argv)
+        assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+        assert "is not an SGLang release number (like 0.5.16)." in proc.stderr
+        assert "PyPI" not in proc.stderr

@@ -149,11 +149,22 @@ def _series_copy(tmp_path):
     ("unlisted", "is not listed in the series"),
     ("no-header", "has no Forwarded:"),
     ("no-default", "names the default release"),
+    ("binary-default", "default is not UTF-8 text"),
+    ("binary-pin", "pin.toml is not UTF-8 text"),
+    ("binary-series", "series is not UTF-8 text"),
+    ("binary-patch", ".patch is not UTF-8 text"),
+    ("binary-manifest", "upstream.sha256 is not UTF-8 text"),
 ])
 def test_broken_series_is_one_sentence(tmp_path, upstream_wheel, fault, says):
     patches, d = _series_copy(tmp_path)
     first = (d / "series").read_text().split()[0]
-    if fault == "missing":
+    binary = b"\xff\xfe\x00 not text \x80\n"
+    if fault.startswith("binary-"):
+        what = fault.split("-", 1)[1]
+        target = {"default": patches / "default", "pin": d / "pin.toml", "series": d / "series",
+                  "patch": d / first, "manifest": d / "upstream.sha256"}[what]
+        target.write_bytes(binary + target.read_bytes() if what == "patch" else binary)
+    elif fault == "missing":
         (d / first).unlink()
     elif fault == "duplicated":
         (d / "series").write_text((d / "series").read_text() + first + "\n")
@@ -185,9 +196,18 @@ def test_overlay_collision_via_the_build(tmp_path, upstream_wheel, monkeypatch, 
     (["--from-wheel", "W", "--platform", "manylinux_2_34_aarch64"], "leave out --python-tag and --platform"),
     (["--patches", "/nonexistent-folder"], "no such folder"),
     (["--python-tag", "cp27"], "publishes no wheel for cp27"),
+    (["--sglang", "1" * 5000], "'" + "1" * 40 + "...' is not an SGLang release number"),
+    (["--sglang", "../../etc"], "'../../etc' is not an SGLang release number"),
+    (["--from-wheel", "DIR"], "is a folder; give the wheel file"),
+    (["--from-wheel", "/dev/zero"], "/dev/zero is not a regular file"),
+    (["--from-wheel", "TEXT"], "is not a wheel (no .whl name, not a zip archive)"),
+    (["--into", "SITE", "--sglang", "x" * 5000], "is not an SGLang release number"),
 ])
 def test_contradicting_or_impossible_flags(tmp_path, upstream_wheel, argv, says):
-    argv = [str(upstream_wheel) if a == "W" else a for a in argv]
+    (tmp_path / "text").write_text("root:x:0:0:root:/root:/bin/bash\n")
+    (tmp_path / "site" / "sglang").mkdir(parents=True)
+    given = {"W": upstream_wheel, "DIR": tmp_path, "TEXT": tmp_path / "text", "SITE": tmp_path / "site"}
+    argv = [str(given.get(a, a)) for a in argv]
     proc = no_traceback(run_build(*argv, "--out", str(tmp_path / "d")))
     assert proc.returncode == 1 and says in one_error_line(proc)
 

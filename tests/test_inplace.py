@@ -1,5 +1,10 @@
 """build.py --into: patch an sglang that is already installed, after checking it is the release."""
+import builtins
+import errno
+import fcntl
 import hashlib
+import json
+import os
 import shutil
 import subprocess
 import sys
@@ -7,7 +12,7 @@ import zipfile
 
 import pytest
 
-from conftest import run_build
+from conftest import ROOT, run_build
 from specprof_build.inplace import touched_files
 
 
@@ -188,3 +193,308 @@ def test_into_a_site_holding_the_built_wheel_says_so(tmp_path, built_wheel):
     assert proc.returncode == 1 and "already holds the sglang-specprof wheel" in proc.stderr
     back = run_build("--restore", str(site))
     assert back.returncode == 1 and "not an --into" in back.stderr
+
+
+def _patched_ref(tmp_path, pristine):
+    """A copy of the pristine site with --into applied, and its files (the saved state aside)."""
+    ref = tmp_path / "ref"
+    shutil.copytree(pristine, ref, symlinks=True)
+    assert run_build("--into", str(ref)).returncode == 0
+    return {f: h for f, h in _tree(ref).items() if "/specprof-state/" not in f}
+
+
+def _no_traceback(proc):
+    assert "Traceback" not in proc.stderr, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1, proc.stderr
+    return errors[0]
+
+
+def test_a_second_run_on_a_locked_site_is_one_sentence_and_changes_nothing(site, pristine):
+    """--into and --restore hold an flock on the site folder while they run; another run
+    meanwhile is refused, naming the holder, and touches nothing."""
+    fd = os.open(site, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        for cmd in ("--into", "--restore"):
+            proc = run_build(cmd, str(site))
+            assert proc.returncode == 1
+            assert (f"Another build.py is patching or restoring {site} (pid {os.getpid()}); wait for it"
+                    in _no_traceback(proc))
+            assert _tree(site) == _tree(pristine)
+    finally:
+        os.close(fd)  # the lock goes with it
+    assert run_build("--into", str(site)).returncode == 0
+
+
+def test_two_runs_at_once_on_one_site_never_tangle(tmp_path, site, pristine):
+    """Two --into at once, then two --restore at once: one of each does the work, the other
+    is one sentence; the site ends patched whole, then published byte for byte."""
+    patched = _patched_ref(tmp_path, pristine)
+
+    def both(cmd):
+        procs = [subprocess.Popen([sys.executable, str(ROOT / "build.py"), cmd, str(site)], cwd=ROOT,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+        errs = [(p.wait(), p.stderr.read()) for p in procs]
+        for p in procs:
+            p.stderr.close()
+        for code, err in errs:
+            assert "Traceback" not in err, err
+            assert code == 0 or ("Another build.py is" in err or "already has" in err
+                                 or "nothing to restore" in err), err
+        assert sum(code == 0 for code, _ in errs) >= 1, errs
+
+    for _ in range(3):
+        both("--into")
+        assert {f: h for f, h in _tree(site).items() if "/specprof-state/" not in f} == patched
+        both("--restore")
+        assert _tree(site) == _tree(pristine)
+
+
+class _NoRoom:
+    """A file opened on a full disk: made, but every write fails."""
+
+    def __init__(self, f, err):
+        self._f, self._err = f, err
+
+    def write(self, data):
+        raise self._err
+
+    def __getattr__(self, name):
+        return getattr(self._f, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self._f.close()
+
+
+class _FullDisk:
+    """A disk that fills up: the first `room` files written (inplace's writes, and the copies
+    that stage the files) go in whole; each later one is made but takes no byte (ENOSPC)."""
+
+    def __init__(self, room):
+        self.room = room
+
+    def _full(self, path):
+        self.room -= 1
+        return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path)) if self.room < 0 else None
+
+    def open(self, file, mode="r", *a, **k):
+        f = builtins.open(file, mode, *a, **k)
+        err = self._full(file) if any(c in mode for c in "wax+") else None
+        return f if err is None else _NoRoom(f, err)
+
+    def copy2(self, src, dst, *a, **k):
+        err = self._full(dst)
+        if err is not None:
+            builtins.open(dst, "wb").close()
+            raise err
+        return real_copy2(src, dst, *a, **k)
+
+
+real_copy2 = shutil.copy2
+
+
+def _fill_disk(monkeypatch, room):
+    from specprof_build import inplace
+
+    disk = _FullDisk(room)
+    monkeypatch.setattr(inplace, "open", disk.open, raising=False)
+    monkeypatch.setattr(inplace.shutil, "copy2", disk.copy2)
+    return disk
+
+
+# the site's writes, in order: 16 copies that stage and save, RECORD's lines, the journal, the
+# 8 files the series touches and RECORD, the 29 overlay files, the marker
+@pytest.mark.parametrize("room", [0, 10, 16, 17, 18, 20, 25, 40, 55])
+def test_a_disk_that_fills_up_during_into_leaves_the_site_as_published(tmp_path, site, pristine, monkeypatch,
+                                                                       capsys, room):
+    """--into on a disk that fills at any of its writes: one sentence, and the site as
+    published (no file patched, no temporary file, no saved state): taking it back renames
+    the saved originals, it writes nothing. With room again, --into patches it whole, and
+    --restore on a full disk still puts every published file back."""
+    from specprof_build import cli
+
+    patched = _patched_ref(tmp_path, pristine)
+    disk = _fill_disk(monkeypatch, room)
+    code = cli.main(["--into", str(site)])
+    err = capsys.readouterr().err
+    assert code == 1 and "Traceback" not in err and err.count("error:") == 1, err
+    assert "No space left on device" in err and ("nothing was changed" in err or "back as it was" in err), err
+    assert _tree(site) == _tree(pristine)
+    disk.room = 10_000
+    assert cli.main(["--into", str(site)]) == 0
+    assert {f: h for f, h in _tree(site).items() if "/specprof-state/" not in f} == patched
+    disk.room = 0
+    code = cli.main(["--restore", str(site)])
+    assert code == 0, capsys.readouterr().err
+    assert _tree(site) == _tree(pristine)
+
+
+def test_restore_on_a_full_disk_of_an_interrupted_into(site, pristine, monkeypatch, capsys):
+    """A journal left by a killed --into, and a full disk: --restore still finishes it."""
+    from specprof_build import cli
+
+    assert run_build("--into", str(site)).returncode == 0
+    info = next(site.glob("sglang-*.dist-info"))
+    plan = json.loads((info / "specprof.json").read_text())
+    (info / "specprof-state" / "journal.json").write_text(json.dumps(dict(plan, op="--into")))
+    (info / "specprof.json").unlink()  # killed after the files, before the marker
+    _fill_disk(monkeypatch, 0)
+    assert cli.main(["--restore", str(site)]) == 0
+    assert "an interrupted --into was taken back" in capsys.readouterr().err
+    assert _tree(site) == _tree(pristine)
+
+
+@pytest.mark.parametrize("where, field", [("journal", "created"), ("journal", "touched"), ("marker", "touched"),
+                                          ("marker", "created"), ("marker", "record")])
+def test_a_tampered_journal_or_marker_touches_nothing_outside_or_inside(tmp_path, site, where, field):
+    """A path in the journal or the marker that leads out of the site: one sentence, and not a
+    file changed, outside the site or in it."""
+    assert run_build("--into", str(site)).returncode == 0
+    victim = tmp_path / "victim"
+    victim.write_text("keep me\n")
+    info = next(site.glob("sglang-*.dist-info"))
+    marker = info / "specprof.json"
+    plan = json.loads(marker.read_text())
+    plan[field] = "../victim" if field == "record" else ["../victim"]
+    if where == "journal":
+        marker.unlink()
+        (info / "specprof-state" / "journal.json").write_text(json.dumps(plan))
+    else:
+        marker.write_text(json.dumps(plan))
+    before = _tree(site)
+    for cmd in ("--restore", "--into"):
+        proc = run_build(cmd, str(site))
+        assert proc.returncode == 1
+        line = _no_traceback(proc)
+        if cmd == "--into" and where == "marker":  # a marker: --into leaves the site to --restore
+            assert "already has sglang-specprof in it" in line
+        else:
+            assert "is damaged" in line and "nothing was changed" in line
+        assert victim.read_text() == "keep me\n"
+        assert _tree(site) == before
+
+
+def _series_copy(tmp_path, default_release):
+    patches = tmp_path / "patches"
+    shutil.copytree(default_release.directory.parent, patches)
+    return patches, patches / default_release.directory.name
+
+
+def test_a_path_out_of_the_site_in_upstream_sha256_is_refused(tmp_path, site, pristine, default_release):
+    """upstream.sha256 naming a file outside the site (with its right hash): refused by line
+    before anything is read or copied."""
+    victim = tmp_path / "victim"
+    victim.write_text("elsewhere\n")
+    patches, d = _series_copy(tmp_path, default_release)
+    manifest = d / "upstream.sha256"
+    manifest.write_text(manifest.read_text() + f"{digest(victim)}  ../../victim\n")
+    outside = sorted(p for p in tmp_path.rglob("*") if site not in p.parents and patches not in p.parents)
+    proc = run_build("--into", str(site), "--patches", str(patches))
+    assert proc.returncode == 1
+    assert "names '../../victim', which is not a file of the sglang package" in _no_traceback(proc)
+    assert _tree(site) == _tree(pristine)
+    assert sorted(p for p in tmp_path.rglob("*") if site not in p.parents and patches not in p.parents) == outside
+
+
+def _damage(site, what):
+    info = next(site.glob("sglang-*.dist-info"))
+    if what == "no METADATA":
+        (info / "METADATA").unlink()
+    elif what == "METADATA a folder":
+        (info / "METADATA").unlink()
+        (info / "METADATA").mkdir()
+    elif what in ("journal {}", "journal []"):
+        assert run_build("--into", str(site)).returncode == 0
+        (info / "specprof.json").unlink()
+        (info / "specprof-state" / "journal.json").write_text(what.split()[1])
+    else:
+        assert run_build("--into", str(site)).returncode == 0
+        (info / "specprof.json").write_text("{}" if what == "marker {}" else "not json {")
+
+
+@pytest.mark.parametrize("what, says", [
+    ("no METADATA", "has no readable METADATA file"),
+    ("METADATA a folder", "has no readable METADATA file"),
+    ("journal {}", "journal.json is damaged (no list of paths under 'touched')"),
+    ("journal []", "journal.json is damaged (not a JSON object)"),
+    ("marker {}", "specprof.json is damaged (no list of paths under 'touched')"),
+    ("marker not JSON", "specprof.json is damaged (not JSON)"),
+])
+def test_a_damaged_site_is_one_sentence(site, what, says):
+    _damage(site, what)
+    before = _tree(site)
+    for cmd in ("--restore", "--into"):
+        proc = run_build(cmd, str(site))
+        assert proc.returncode == 1
+        line = _no_traceback(proc)
+        assert says in line or (cmd == "--into" and "already has sglang-specprof" in line), line
+        assert _tree(site) == before
+
+
+def test_a_site_with_the_analysis_wheel_says_what_to_do(tmp_path, site, pristine, built_wheel):
+    """The analysis wheel (sglang_specprof, no SGLang) beside a published sglang: --restore has
+    nothing to restore and says so; --into says to uninstall the analysis package first,
+    which done, --into works."""
+    lite = next(built_wheel.parent.glob("sglang_specprof-*.whl"))
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-compile", "--target",
+                    str(site), str(lite)], check=True)
+    proc = run_build("--restore", str(site))
+    assert proc.returncode == 1
+    assert "holds sglang as published and the analysis package sglang-specprof" in _no_traceback(proc)
+    proc = run_build("--into", str(site))
+    assert proc.returncode == 1
+    assert "pip uninstall sglang-specprof" in _no_traceback(proc)
+    for p in [site / "sglang_specprof", *site.glob("sglang_specprof-*.dist-info")]:
+        shutil.rmtree(p)
+    assert run_build("--into", str(site)).returncode == 0
+
+
+def test_a_marker_left_by_pip_uninstall_is_no_obstacle(tmp_path, site, pristine, upstream_wheel):
+    """pip uninstall after --into keeps the files RECORD does not list (the marker, the saved
+    state) in the .dist-info folder; a reinstall of the same release lands beside them: --into
+    sees the marker is stale (no overlay, RECORD lists none) and patches the site, --restore
+    says there is nothing to restore. Another release reinstalled: the old folder is named."""
+    assert run_build("--into", str(site)).returncode == 0
+    info = next(site.glob("sglang-*.dist-info"))
+    kept = {info / "specprof.json", info / "specprof-state"}
+    for p in list(site.iterdir()):  # what pip uninstall leaves
+        if p != info:
+            shutil.rmtree(p) if p.is_dir() else p.unlink()
+    for p in list(info.iterdir()):
+        if p not in kept:
+            shutil.rmtree(p) if p.is_dir() else p.unlink()
+    moved = tmp_path / "left"
+    shutil.copytree(info, moved)
+    for p in pristine.iterdir():  # pip install again
+        if p.is_dir():
+            shutil.copytree(p, site / p.name, dirs_exist_ok=True)
+        else:
+            shutil.copy2(p, site / p.name)
+    proc = run_build("--restore", str(site))
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert "nothing else to restore" in proc.stderr
+    assert _tree(site) == _tree(pristine)
+    shutil.copytree(moved, info, dirs_exist_ok=True)
+    proc = run_build("--into", str(site))
+    assert proc.returncode == 0, proc.stderr
+    assert run_build("--restore", str(site)).returncode == 0
+    assert _tree(site) == _tree(pristine)
+    old = site / "sglang-0.0.1.dist-info"
+    shutil.copytree(moved, old)
+    proc = run_build("--into", str(site))
+    assert proc.returncode == 1
+    assert f"{old} is left from an sglang that pip uninstalled" in _no_traceback(proc)
+    assert f"rm -r {old}" in proc.stderr
+
+
+def test_hints_quote_the_site(tmp_path, pristine):
+    """A site path with a space: the command a message suggests can be pasted as it is."""
+    site = tmp_path / "my site"
+    shutil.copytree(pristine, site, symlinks=True)
+    assert run_build("--into", str(site)).returncode == 0
+    proc = run_build("--into", str(site))
+    assert f"python build.py --restore '{site}' puts" in _no_traceback(proc)

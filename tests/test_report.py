@@ -681,3 +681,49 @@ def test_report_says_what_timing_by_phase_adds_to_a_cycle(tmp_path, capsys):
     assert json.loads(out)["summary"]["buckets"]["2"]["phase_marks_added"] is None
     code, out, _ = run_cli("report", str(tmp_path / "k1.jsonl"), capsys=capsys)
     assert code == 0 and "timing by phase adds" not in out
+
+
+def test_a_server_address_is_read_as_given_and_its_errors_are_one_line(tmp_path, capsys):
+    """The scheme in any case is a server; a #fragment or ?query is refused (the path after it
+    would be lost, and the base address read instead); a redirect loop is one line."""
+    import http.server
+    import threading
+
+    class Loop(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(301)
+            self.send_header("Location", self.path)
+            self.end_headers()
+
+        def log_message(self, *a):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Loop)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{srv.server_address[1]}"
+    try:
+        code, _, err = run_cli("report", base, capsys=capsys)
+        assert code == 1 and err.count("\n") == 1, err
+        assert f"cannot read {base}/server_info: it redirects in a loop (HTTP 301)" in err
+        code, _, err = run_cli("report", base.replace("http://", "HTTP://") + "/", capsys=capsys)
+        assert code == 1 and f"cannot read {base}/server_info: it redirects in a loop" in err, err
+        for given in (base + "/ok2#frag", base + "/?x=1"):
+            code, _, err = run_cli("report", given, capsys=capsys)
+            assert code == 1 and err.count("\n") == 1, err
+            assert f"{given}: a server's address takes no ?query or #fragment" in err
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def test_a_window_the_report_cannot_use_is_named_by_its_ordinal(tmp_path, capsys):
+    assert [report.ordinal(n) for n in (1, 2, 3, 4, 11, 12, 13, 21, 22, 23, 101, 111, 112)] == [
+        "1st", "2nd", "3rd", "4th", "11th", "12th", "13th", "21st", "22nd", "23rd", "101st", "111th", "112th"]
+    lines = V2.read_text().splitlines()[:2]
+    bad = json.loads(lines[1])
+    key = next(iter(bad["buckets"]))
+    bad["buckets"][key]["cycle_gpu_ms"]["mean"] = "x"
+    path = tmp_path / "p.jsonl"
+    path.write_text(lines[0] + "\n" + json.dumps(bad) + "\n")
+    code, _, err = run_cli("report", str(path), capsys=capsys)
+    assert code == 1 and "(the 2nd read) holds a value the report cannot use" in err, err

@@ -73,3 +73,16 @@ def test_no_index_is_one_sentence(monkeypatch, capsys):
     code = cli.main(["upstream"])
     err = capsys.readouterr().err
     assert code == 1 and err.count("build.py upstream: error: Cannot read PyPI's file list for sglang") == 1
+
+
+def test_a_from_wheel_that_is_no_wheel_is_refused_even_when_up_to_date(tmp_path, monkeypatch, capsys):
+    """Up to date, the wheel is not needed, but a file that is not one is still a mistake to name."""
+    monkeypatch.setattr(upstream, "simple_index", lambda timeout=30: {"files": []})
+    text = tmp_path / "passwd"
+    text.write_text("root:x:0:0:root:/root:/bin/bash\n")
+    for argv, says in ((["--from-wheel", str(text)], "is not a wheel (no .whl name, not a zip archive)"),
+                       (["--from-wheel", str(tmp_path)], "is a folder; give the wheel file"),
+                       (["--patches", str(tmp_path / "nonexistent")], "no such folder")):
+        code = cli.main(["upstream", *argv])
+        err = capsys.readouterr().err
+        assert code == 1 and err.count("build.py upstream: error:") == 1 and says in err, err

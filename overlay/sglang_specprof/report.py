@@ -8,6 +8,8 @@ import json
 import re
 import statistics
 import threading
+import urllib.error
+import urllib.parse
 import urllib.request
 from array import array
 from collections import deque
@@ -31,6 +33,11 @@ URL_SECONDS = 30  # a live server's whole answer, not each read
 MAX_ANSWER = 64 << 20
 
 
+def ordinal(n: int) -> str:
+    """1st, 2nd, 3rd, 4th, 11th, 12th, 13th, 21st, ..."""
+    return f"{n}{'th' if n % 100 in (11, 12, 13) else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
+
+
 def readable(windows, source: str):
     """Each window through the report on its own first, as it is read: one whose fields hold
     values of the wrong type is named in one sentence, not a traceback halfway through the
@@ -43,7 +50,7 @@ def readable(windows, source: str):
             json.dumps(trace([w]), allow_nan=False)
         except _UNREADABLE as e:
             first = (str(e).strip().splitlines() or [""])[0][:120]
-            raise SourceError(f"{source}: window {w.get('window', i)!r} (the {i + 1}th read) holds a value the "
+            raise SourceError(f"{source}: window {w.get('window', i)!r} (the {ordinal(i + 1)} read) holds a value the "
                               f"report cannot use ({type(e).__name__}: {first})") from None
         yield w
 
@@ -61,8 +68,11 @@ def _server_info(url: str) -> dict:
                 box["error"] = f"its answer is over {MAX_ANSWER >> 20} MiB"
             else:
                 box["info"] = json.loads(body)
+        except urllib.error.HTTPError as e:
+            loop = "infinite loop" in str(e)  # urllib's message for it runs over three lines
+            box["error"] = f"it redirects in a loop (HTTP {e.code})" if loop else f"HTTP {e.code} {e.reason}"
         except (OSError, ValueError) as e:
-            box["error"] = str(e)
+            box["error"] = " ".join(str(e).split())  # one line, whatever the library wrote
 
     t = threading.Thread(target=get, name="specprof-url", daemon=True)
     t.start()
@@ -74,8 +84,20 @@ def _server_info(url: str) -> dict:
     return box["info"]
 
 
+def _server_url(source: str) -> str | None:
+    """http(s)://host:port[/path] + /server_info (the scheme in any case), or None for a file;
+    an address with a ?query or a #fragment is refused (the path after it would be lost)."""
+    parts = urllib.parse.urlsplit(source)
+    if parts.scheme.lower() not in ("http", "https") or not source[len(parts.scheme):].startswith("://"):
+        return None
+    if "#" in source or "?" in source:
+        raise SourceError(f"{source}: a server's address takes no ?query or #fragment (give http://host:port)")
+    return urllib.parse.urlunsplit((parts.scheme.lower(), parts.netloc, parts.path.rstrip("/") + "/server_info",
+                                    "", ""))
+
+
 def _live(source: str) -> list[dict]:
-    url = source.rstrip("/") + "/server_info"
+    url = _server_url(source)
     info = _server_info(url)
     if not isinstance(info, dict) or not isinstance(info.get("internal_states") or [], list):
         raise SourceError(f"{url} did not answer with server info (a JSON object with internal_states)")
@@ -99,7 +121,7 @@ def stream(source: str, last: int | None = None, notes: list | None = None, keep
     held whole. `keep`: applied to each window kept (a caller that needs some fields only)."""
     seen = 0
     try:
-        if source.startswith(("http://", "https://")):
+        if _server_url(source) is not None:
             got = _live(source)
         else:
             got = schema.iter_windows(source, skip_torn=True, notes=notes)
