@@ -492,6 +492,20 @@ def test_log_table_names_every_phase(fake):
     assert "host time above GPU time (CPU work, or the host waiting on the device): draft_prep, draft, tree, verify, accept, draft_extend" in text
 
 
+def test_log_table_escapes_control_characters(fake):
+    """A phase name or a setting holding an escape sequence (a hostile profile, a config
+    string) is shown escaped: the terminal showing the log is not driven by it."""
+    p, b, out = fake
+    for _ in range(11):
+        run_cycle(p, b, phases=[("draft\x1b[2J", 1.0), ("verify", 6.0)], steps=())
+    w = out[0]
+    w["config"] = dict(w["config"], algorithm="EAGLE3\x1b]0;owned\x07", worker="v2\r")
+    text = format_summary(w)
+    assert not any(c in text for c in "\x1b\x07\r")
+    assert "    draft\\x1b[2J " in text and "[EAGLE3\\x1b]0;owned\\x07 v2\\r steps=3" in text
+    assert text.count("\n") == format_summary(out[0]).count("\n")  # the newlines between lines stay
+
+
 def _rank(rank, folder, verify_ms, barrier, q):
     b = FakeBackend()
     out = []

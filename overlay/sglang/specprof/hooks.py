@@ -12,6 +12,7 @@ import os
 import signal
 
 from sglang_specprof.ranks import RankExchange, exchange_folder
+from sglang_specprof.table import printable
 
 from .jsonl import JsonlSink, rank_path
 from .kernel_sampler import CYCLES, KernelSampler
@@ -23,7 +24,7 @@ from .sinks import Advice
 logger = logging.getLogger("sglang.specprof")
 
 P = NullProfiler()
-_state = {"warned": False, "paused": None}
+_state = {"warned": False, "paused": None, "state_errors": set()}
 # With this set (SIGUSR2, say), that signal to a scheduler process pauses its profiler (the
 # hooks go to the null profiler, as with the flag off) and the next one resumes it: the
 # flag's cost measured on and off in one process (bench/overhead.py --same-process).
@@ -198,12 +199,22 @@ def internal_state() -> dict:
 
     Runs on the scheduler's thread, between batches: it first lets the reader read the cycles
     whose events have completed (50 ms at most), so `totals` covers every cycle up to the last
-    finished one.
+    finished one. Never raises (upstream calls it unguarded): an error is the answer's
+    `error`, and one warning per distinct error.
     """
-    P.catch_up()
-    out = {"enabled": P.enabled, "latest": P.latest(), "totals": P.totals_now()}
-    policy = getattr(P, "policy", None) or getattr(_state["paused"], "policy", None)
-    if policy is not None:
-        policy.reread()
-        out["adaptive_policy"] = policy.state()
-    return out
+    try:
+        P.catch_up()
+        out = {"enabled": P.enabled, "latest": P.latest(), "totals": P.totals_now()}
+        policy = getattr(P, "policy", None) or getattr(_state["paused"], "policy", None)
+        if policy is not None:
+            policy.reread()
+            out["adaptive_policy"] = policy.state()
+        return out
+    except Exception as e:
+        first = (str(e).strip().splitlines() or [""])[0]
+        reason = f"{type(e).__name__}: {first}"
+        if reason not in _state["state_errors"]:
+            _state["state_errors"].add(reason)
+            logger.warning("speculative profile: /server_info without the profile (%s); the server keeps serving.",
+                           printable(reason))
+        return {"enabled": bool(getattr(P, "enabled", False)), "error": reason}
