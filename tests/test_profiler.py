@@ -1330,6 +1330,23 @@ def test_adaptive_speculation_is_timed_where_the_series_says_so():
         spa.validate(Timed())
 
 
+@pytest.mark.parametrize("name", ["SIGTERM", "INT", "SIGCHLD", "SIGSEGV", "SIG_IGN", "HUP", "9", "SIGNOPE"])
+def test_a_pause_signal_other_than_usr1_or_usr2_is_refused(name, monkeypatch, caplog):
+    """The scheduler's own handlers (SIGTERM, SIGINT, SIGCHLD) and fatal signals stay as they
+    are; `SIG_IGN` is a handler, not a signal (it is 1: SIGHUP)."""
+    import signal
+
+    monkeypatch.setenv(hooks.PAUSE_SIGNAL_ENV, name)
+    kept = [signal.SIGTERM, signal.SIGINT, signal.SIGCHLD, signal.SIGSEGV, signal.SIGHUP, signal.SIGKILL]
+    before = [signal.getsignal(s) for s in kept]
+    with caplog.at_level(logging.WARNING, logger="sglang.specprof"):
+        hooks._follow_pause_signal()
+    assert [signal.getsignal(s) for s in kept] == before
+    (rec,) = caplog.records
+    assert rec.getMessage() == (f"speculative profile: {hooks.PAUSE_SIGNAL_ENV}='{name}' not followed: it takes "
+                                f"SIGUSR1 or SIGUSR2 (the other signals are the server's own).")
+
+
 def test_a_signal_pauses_the_profiler_and_the_next_resumes_it(monkeypatch):
     """SGLANG_SPECPROF_PAUSE_SIGNAL: the hooks go to the null profiler while paused (nothing
     counted), a cycle cut by the pause is dropped, and the counts after the resume are exact."""

@@ -29,6 +29,7 @@ _state = {"warned": False, "paused": None, "state_errors": set()}
 # hooks go to the null profiler, as with the flag off) and the next one resumes it: the
 # flag's cost measured on and off in one process (bench/overhead.py --same-process).
 PAUSE_SIGNAL_ENV = "SGLANG_SPECPROF_PAUSE_SIGNAL"
+PAUSE_SIGNALS = ("SIGUSR1", "SIGUSR2")  # the others are the scheduler's (SIGTERM, SIGCHLD, ...) or fatal
 
 
 def disable(reason: str) -> None:
@@ -64,12 +65,18 @@ def _follow_pause_signal() -> None:
     name = os.environ.get(PAUSE_SIGNAL_ENV)
     if not name:
         return
+    full = name.strip().upper()
+    full = full if full.startswith("SIG") else "SIG" + full
+    if full not in PAUSE_SIGNALS:
+        logger.warning("speculative profile: %s=%s not followed: it takes SIGUSR1 or SIGUSR2 (the other signals "
+                       "are the server's own).", PAUSE_SIGNAL_ENV, ascii(name))
+        return
     try:
-        signum = getattr(signal, name if name.startswith("SIG") else "SIG" + name)
+        signum = getattr(signal, full)
         signal.signal(signum, _pause_toggle)
         logger.info("speculative profile: %s to pid %d pauses it, and the next resumes it", signum.name, os.getpid())
-    except (AttributeError, ValueError, OSError) as e:  # unknown name, not the main thread
-        logger.warning("speculative profile: %s=%s not followed (%s)", PAUSE_SIGNAL_ENV, name, e)
+    except (AttributeError, ValueError, OSError) as e:  # not on this platform, not the main thread
+        logger.warning("speculative profile: %s=%s not followed (%s).", PAUSE_SIGNAL_ENV, full, e)
 
 
 def _resolved(server_args):
