@@ -271,6 +271,31 @@ def test_jsonl_path_unwritable_at_start_is_an_error(tmp_path):
         JsonlSink(str(ro / "p.jsonl"))
 
 
+def test_an_output_path_that_went_bad_before_install_profiles_without_it(tmp_path, monkeypatch, caplog):
+    """PATH (or a rank's PATH.rankN) made a folder or a FIFO between the startup check and the
+    worker's install: that rank profiles without its JSONL, one warning naming the file."""
+    import types
+
+    class Backend(FakeBackend):
+        kind = "fake"
+
+    path = tmp_path / "p.jsonl"
+    path.mkdir()
+    args = types.SimpleNamespace(speculative_profile=True, speculative_algorithm="EAGLE3", speculative_num_steps=3,
+                                 speculative_eagle_topk=1, speculative_num_draft_tokens=4,
+                                 speculative_profile_interval=100, speculative_profile_output=str(path), tp_size=1)
+    monkeypatch.setitem(sys.modules, "sglang.specprof.cuda_backend", types.SimpleNamespace(CudaBackend=Backend))
+    monkeypatch.setattr(hooks, "P", hooks.P)
+    with caplog.at_level("WARNING", logger="sglang.specprof"):
+        hooks.install(args, 0, "v2")
+    try:
+        assert hooks.P.enabled and not any(isinstance(s, JsonlSink) for s in hooks.P.sinks)
+        (rec,) = caplog.records
+        assert rec.getMessage() == f"speculative profile: no JSONL, {path} cannot be appended to (not a regular file)."
+    finally:
+        hooks.P.close()
+
+
 WRITER = r'''
 import json, sys
 sys.path.insert(0, sys.argv[2])

@@ -1092,6 +1092,53 @@ def test_the_startup_check_leaves_no_empty_file_behind(tmp_path):
     assert not (tmp_path / "prof.jsonl").exists()
 
 
+class _Args:
+    speculative_profile = True
+    speculative_algorithm = "EAGLE3"
+    speculative_profile_interval = 100
+    speculative_profile_output = None
+
+
+@pytest.mark.parametrize("fields, says", [
+    ({"speculative_profile_output": ""}, "--speculative-profile-output needs a file path; an empty one writes nothing."),
+    ({"speculative_profile_output": "", "speculative_profile": False},
+     "--speculative-profile-output needs a file path; an empty one writes nothing."),
+    ({"speculative_profile_interval": 10**26}, "--speculative-profile-interval must be 1 or more (at most 1000000 "
+                                               "decode cycles a window), not 100000000000000000000000000."),
+    ({"speculative_profile_interval": -5, "speculative_profile": False},
+     "--speculative-profile-interval must be 1 or more (at most 1000000 decode cycles a window), not -5."),
+    ({"speculative_profile_interval": 50, "speculative_profile": False},
+     "--speculative-profile-interval only takes effect with --speculative-profile; add it."),
+])
+def test_an_option_that_would_do_nothing_is_refused_in_one_sentence(fields, says):
+    from sglang.specprof import server_args as spa
+
+    args = type("Args", (_Args,), fields)()
+    with pytest.raises(spa.SpecProfileArgError) as e:
+        spa.validate(args)
+    assert str(e.value) == says
+
+
+@pytest.mark.parametrize("culprit", ["fifo", "folder"])
+def test_each_tp_rank_s_file_is_checked_at_startup(culprit, tmp_path):
+    """tp > 1: each rank writes PATH.rankN; one of them a FIFO or a folder is refused before
+    the server starts, as PATH itself would be (not the rank's profiler off at run time)."""
+    from sglang.specprof import server_args as spa
+    from sglang.specprof.jsonl import rank_path
+
+    path = str(tmp_path / "prof.jsonl")
+    bad = rank_path(path, 2)
+    os.mkfifo(bad) if culprit == "fifo" else os.mkdir(bad)
+    args = type("Args", (_Args,), {"speculative_profile_output": path, "tp_size": 4})()
+    says = "is not a regular file" if culprit == "fifo" else "is a folder"
+    with pytest.raises(spa.SpecProfileArgError, match=f"^--speculative-profile-output {path}: rank 2's file {bad} {says}; "
+                                                      f"give a file path.$"):
+        spa.validate(args)
+    args.tp_size = 2  # ranks 0 and 1 only: fine, and no file left behind
+    spa.validate(args)
+    assert sorted(os.listdir(tmp_path)) == [os.path.basename(bad)]
+
+
 def test_the_reader_waits_for_the_gate_or_an_idle_server(monkeypatch):
     """The reader takes the GIL only where the scheduler waits for the GPU (v1: between the
     verify launch and its result) or once nothing opened the gate for IDLE_S."""

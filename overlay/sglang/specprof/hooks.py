@@ -135,7 +135,12 @@ def install(server_args, tp_rank: int = 0, worker: str = "v2") -> None:
         if path:
             if config["tp_size"] > 1:
                 path = rank_path(path, tp_rank)
-            sinks.append(JsonlSink(path))
+            try:
+                sinks.append(JsonlSink(path))
+            except OSError as e:  # made unwritable since the startup check: profiled without it
+                logger.warning("speculative profile: no JSONL, %s cannot be appended to (%s).", printable(path),
+                               e.strerror or e)
+                path = None
         if getattr(server_args, "enable_metrics", False):
             try:
                 from .metrics import MetricsSink
