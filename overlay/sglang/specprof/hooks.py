@@ -37,7 +37,8 @@ def disable(reason: str) -> None:
     global P
     if not _state["warned"]:
         _state["warned"] = True
-        logger.warning("speculative profile disabled after an internal error (%s); the server keeps serving.", reason)
+        logger.warning("speculative profile disabled after an internal error (%s); the server keeps serving.",
+                       printable(reason))
     old, P = P, NullProfiler()
     policy = getattr(old, "policy", None)
     if policy is not None:  # its figures stop: upstream's rule takes over
