@@ -226,8 +226,9 @@ def internal_state() -> dict:
     except Exception as e:
         first = (str(e).strip().splitlines() or [""])[0]
         reason = f"{type(e).__name__}: {first}"
-        if reason not in _state["state_errors"]:
-            _state["state_errors"].add(reason)
+        seen = _state["state_errors"]
+        if reason not in seen and len(seen) < 32:  # bounded: an error whose text changes each call
+            seen.add(reason)
             logger.warning("speculative profile: /server_info without the profile (%s); the server keeps serving.",
                            printable(reason))
         return {"enabled": bool(getattr(P, "enabled", False)), "error": reason}
