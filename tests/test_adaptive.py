@@ -511,6 +511,74 @@ def test_pinned_and_ema_modes_and_the_mode_file(tmp_path, monkeypatch):
     assert hooks.internal_state()["adaptive_policy"]["mode"] == "ema"
 
 
+def _following(tmp_path, monkeypatch, mode):
+    """A cost policy whose mode file is `mode` (a path under tmp_path), behind hooks.P."""
+    policy, p, b, out = _cost_policy({"1": {"candidate_steps": [1, 3, 5]}})
+    monkeypatch.setenv(pol.POLICY_FILE_ENV, str(mode))
+    pol.follow_file(policy)
+    monkeypatch.setattr(hooks, "P", p)
+    monkeypatch.setitem(hooks._state, "state_errors", set())
+    return policy
+
+
+def test_a_fifo_as_the_mode_file_never_blocks_server_info(tmp_path, monkeypatch, caplog):
+    import os
+    import threading
+
+    fifo = tmp_path / "mode"
+    os.mkfifo(fifo)
+    _following(tmp_path, monkeypatch, fifo)
+    got = []
+    t = threading.Thread(target=lambda: got.extend(hooks.internal_state() for _ in range(3)), daemon=True)
+    with caplog.at_level("WARNING", logger="sglang.specprof"):
+        t.start()
+        t.join(5)
+    blocked = t.is_alive()
+    if blocked:  # a writer lets the blocked open return
+        fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+        os.close(fd)
+        t.join(5)
+    assert not blocked and [s["adaptive_policy"]["mode"] for s in got] == ["cost"] * 3
+    (rec,) = caplog.records
+    assert rec.getMessage() == f"speculative adaptive policy: mode unchanged ({pol.POLICY_FILE_ENV}={fifo} is not " \
+                               f"a regular file)."
+
+
+@pytest.mark.parametrize("kind", ["folder", "not utf-8"])
+def test_a_bad_mode_file_is_one_warning_per_problem_and_server_info_answers(kind, tmp_path, monkeypatch, caplog):
+    mode = tmp_path / "mode"
+    if kind == "folder":
+        mode.mkdir()
+    else:
+        mode.write_bytes(b"\xff\xfe3\n")
+    policy = _following(tmp_path, monkeypatch, mode)
+    with caplog.at_level("WARNING", logger="sglang.specprof"):
+        for _ in range(3):
+            assert hooks.internal_state()["adaptive_policy"]["mode"] == "cost"
+    (rec,) = caplog.records
+    assert rec.getMessage().endswith("is not a regular file)." if kind == "folder" else "is not UTF-8 text).")
+    if kind == "folder":
+        mode.rmdir()
+    mode.write_text("3\n")  # mended: read, and a problem seen again later is told again
+    assert hooks.internal_state()["adaptive_policy"]["mode"] == "pinned 3"
+    assert policy._file_problems == set()
+
+
+def test_internal_state_never_raises(tmp_path, monkeypatch, caplog):
+    """Upstream calls it unguarded on the scheduler's thread: whatever fails is the answer's
+    `error`, one warning per distinct error."""
+    policy = _following(tmp_path, monkeypatch, tmp_path / "mode")
+
+    def boom():
+        raise RuntimeError("the state went wrong\nsecond line")
+
+    monkeypatch.setattr(policy, "state", boom)
+    with caplog.at_level("WARNING", logger="sglang.specprof"):
+        for _ in range(3):
+            assert hooks.internal_state() == {"enabled": True, "error": "RuntimeError: the state went wrong"}
+    assert len(caplog.records) == 1
+
+
 def test_hooks_hand_the_controller_to_the_policy_only_when_asked(monkeypatch):
     class Args:
         speculative_adaptive_policy = "cost"

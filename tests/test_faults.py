@@ -291,6 +291,31 @@ def test_jsonl_path_unwritable_at_start_is_an_error(tmp_path):
         JsonlSink(str(ro / "p.jsonl"))
 
 
+def test_an_output_path_that_went_bad_before_install_profiles_without_it(tmp_path, monkeypatch, caplog):
+    """PATH (or a rank's PATH.rankN) made a folder or a FIFO between the startup check and the
+    worker's install: that rank profiles without its JSONL, one warning naming the file."""
+    import types
+
+    class Backend(FakeBackend):
+        kind = "fake"
+
+    path = tmp_path / "p.jsonl"
+    path.mkdir()
+    args = types.SimpleNamespace(speculative_profile=True, speculative_algorithm="EAGLE3", speculative_num_steps=3,
+                                 speculative_eagle_topk=1, speculative_num_draft_tokens=4,
+                                 speculative_profile_interval=100, speculative_profile_output=str(path), tp_size=1)
+    monkeypatch.setitem(sys.modules, "sglang.specprof.cuda_backend", types.SimpleNamespace(CudaBackend=Backend))
+    monkeypatch.setattr(hooks, "P", hooks.P)
+    with caplog.at_level("WARNING", logger="sglang.specprof"):
+        hooks.install(args, 0, "v2")
+    try:
+        assert hooks.P.enabled and not any(isinstance(s, JsonlSink) for s in hooks.P.sinks)
+        (rec,) = caplog.records
+        assert rec.getMessage() == f"speculative profile: no JSONL, {path} cannot be appended to (not a regular file)."
+    finally:
+        hooks.P.close()
+
+
 WRITER = r'''
 import json, sys
 sys.path.insert(0, sys.argv[2])
@@ -328,3 +353,126 @@ def test_killed_while_writing_leaves_no_torn_line_unreported(tmp_path):
         assert notes == [f"{path} line {len(lines)} is cut short (the server stopped mid-write); skipped."]
         with pytest.raises(schema.ProfileError, match=f"line {len(lines)} is not JSON"):
             schema.read(str(path))
+
+
+# -- the JSONL writer on the server ---------------------------------------------------------
+
+def _windows(n, start=0, pad=1000):
+    return [{"window": i, "pad": "x" * pad} for i in range(start, start + n)]
+
+
+def _lines(path):
+    return path.read_bytes().decode().split("\n")
+
+
+def test_a_short_write_is_taken_back_and_a_restart_starts_a_fresh_line(tmp_path, monkeypatch, caplog):
+    """A full disk: the part of a line written is taken back (no torn line stays); a file cut
+    by a kill mid-write: the next server's first line starts on a fresh one."""
+    from sglang.specprof import jsonl
+
+    path = tmp_path / "p.jsonl"
+    sink = JsonlSink(str(path))
+    for w in _windows(2):
+        sink(w)
+    real = os.write
+
+    def half(fd, data):
+        return real(fd, data[: len(data) // 2])
+
+    with caplog.at_level("WARNING", logger="sglang.specprof"), monkeypatch.context() as m:
+        m.setattr(jsonl.os, "write", half)
+        sink({"window": 2, "pad": "x" * 1000})
+    assert sink.broken and [json.loads(l)["window"] for l in _lines(path)[:-1]] == [0, 1]
+    assert path.read_bytes().endswith(b"\n")
+    assert len([r for r in caplog.records if "cannot append" in r.getMessage()]) == 1
+    with open(path, "ab") as f:
+        f.write(b'{"window":2,"pa')  # killed mid-write
+    again = JsonlSink(str(path))
+    again({"window": 3})
+    lines = _lines(path)
+    assert lines[2] == '{"window":2,"pa' and json.loads(lines[3]) == {"window": 3} and lines[4] == ""
+
+
+def test_the_output_replaced_by_a_fifo_while_serving_does_not_block(tmp_path, caplog):
+    import threading
+
+    path = tmp_path / "p.jsonl"
+    sink = JsonlSink(str(path))
+    sink({"window": 0})
+    path.unlink()
+    os.mkfifo(path)
+    t = threading.Thread(target=sink, args=({"window": 1},), daemon=True)
+    with caplog.at_level("WARNING", logger="sglang.specprof"):
+        t.start()
+        t.join(5)
+    blocked = t.is_alive()
+    if blocked:  # let the writer's open return, so the thread ends
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        t.join(5)
+        os.close(fd)
+    assert not blocked and sink.broken
+    (rec,) = [r for r in caplog.records if "cannot append" in r.getMessage()]
+    assert f"{path} (not a regular file)" in rec.getMessage()
+
+
+@pytest.mark.parametrize("raw", ["nan", "inf", "1e400", "-1", "0.0000001", "-inf", "lots"])
+def test_an_output_cap_that_is_no_size_is_one_warning_and_the_default(raw, monkeypatch, caplog):
+    from sglang.specprof import jsonl
+
+    monkeypatch.setenv("SGLANG_SPECPROF_OUTPUT_MAX_MB", raw)
+    with caplog.at_level("WARNING", logger="sglang.specprof"):
+        assert jsonl.max_bytes_from_env() == jsonl.DEFAULT_MAX_MB << 20
+    (rec,) = caplog.records
+    assert rec.getMessage().startswith("speculative profile: SGLANG_SPECPROF_OUTPUT_MAX_MB=") and "\n" not in rec.getMessage()
+    for ok, got in (("0", 0), ("2", 2 << 20), ("1.5", 3 << 19), ("", jsonl.DEFAULT_MAX_MB << 20)):
+        monkeypatch.setenv("SGLANG_SPECPROF_OUTPUT_MAX_MB", ok)
+        assert jsonl.max_bytes_from_env() == got
+    assert len(caplog.records) == 1
+
+
+def test_two_servers_on_one_path_rotate_without_stopping(tmp_path, monkeypatch, caplog):
+    """The other server renamed PATH to PATH.1 between this one's open and its rename: this
+    one takes the new PATH and goes on."""
+    from sglang.specprof import jsonl
+
+    path = tmp_path / "p.jsonl"
+    a, b = JsonlSink(str(path), max_bytes=20_000), JsonlSink(str(path), max_bytes=20_000)
+    for w in _windows(19):
+        a(w)
+    real = os.replace
+
+    def raced(src, dst):
+        monkeypatch.setattr(jsonl.os, "replace", real)
+        real(src, dst)  # the other server's rotation
+        real(src, dst)
+
+    monkeypatch.setattr(jsonl.os, "replace", raced)
+    with caplog.at_level("WARNING", logger="sglang.specprof"):
+        b({"window": 19, "pad": "x" * 1000})  # past the cap: b rotates, and finds PATH gone
+        a({"window": 20, "pad": "x" * 1000})
+    assert not a.broken and not b.broken and caplog.records == []
+    assert [json.loads(l)["window"] for l in _lines(path)[:-1]] == [19, 20]
+    assert len(_lines(tmp_path / "p.jsonl.1")) == 20
+
+
+@pytest.mark.parametrize("culprit", ["folder", "immutable"])
+def test_a_rotation_that_fails_names_path_1_and_path_goes_on(culprit, tmp_path, monkeypatch, caplog):
+    from sglang.specprof import jsonl
+
+    path = tmp_path / "p.jsonl"
+    if culprit == "folder":
+        (tmp_path / "p.jsonl.1").mkdir()
+        (tmp_path / "p.jsonl.1" / "x").write_text("")
+    else:  # chattr +i needs root: its error, as the kernel gives it
+        def refused(src, dst):
+            raise PermissionError(errno.EPERM, "Operation not permitted")
+
+        monkeypatch.setattr(jsonl.os, "replace", refused)
+    sink = JsonlSink(str(path), max_bytes=20_000)
+    with caplog.at_level("WARNING", logger="sglang.specprof"):
+        for w in _windows(50):
+            sink(w)
+    assert not sink.broken and sink.rotations == 0
+    assert [json.loads(l)["window"] for l in _lines(path)[:-1]] == list(range(50))
+    (rec,) = caplog.records
+    assert rec.getMessage().startswith(f"speculative profile: cannot rename {path} to {path}.1 (")

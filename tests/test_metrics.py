@@ -56,6 +56,34 @@ def test_each_window_sets_every_gauge_with_its_figures(tmp_path):
         assert ({"tp_rank": "0", "bucket": key}, best) in got["sglang:specprof_advisor_best_steps"]
 
 
+def test_a_series_a_window_no_longer_has_is_removed(tmp_path):
+    """A bucket (or a phase, a position) that stopped appearing has no series left at its
+    last value: the next window removes it."""
+    w = _window(tmp_path)
+    reg = prometheus_client.CollectorRegistry()
+    sink = MetricsSink({"tp_rank": 0}, registry=reg)
+    sink(w)
+
+    def buckets():
+        return {s.labels["bucket"] for fam in reg.collect() for s in fam.samples if "bucket" in s.labels}
+
+    keys = [k for k, b in w["buckets"].items() if b["cycles"]]
+    assert buckets() == set(keys) and len(keys) >= 2
+    kept = keys[0]
+    later = json.loads(json.dumps(w))
+    later["buckets"] = {kept: later["buckets"][kept]}
+    dropped = next(iter(later["buckets"][kept]["phases"]))
+    del later["buckets"][kept]["phases"][dropped]
+    later["tokens_per_s"] = None
+    sink(later)
+    assert buckets() == {kept}
+    phases = {s.labels["phase"] for fam in reg.collect() for s in fam.samples if "phase" in s.labels}
+    assert dropped not in phases and phases
+    assert not [s for fam in reg.collect() for s in fam.samples if s.name == "sglang:specprof_tokens_per_s"]
+    sink(w)  # back again
+    assert buckets() == set(keys)
+
+
 def _names(expr):
     return set(re.findall(r"sglang:specprof_\w+", expr))
 

@@ -492,6 +492,20 @@ def test_log_table_names_every_phase(fake):
     assert "host time above GPU time (CPU work, or the host waiting on the device): draft_prep, draft, tree, verify, accept, draft_extend" in text
 
 
+def test_log_table_escapes_control_characters(fake):
+    """A phase name or a setting holding an escape sequence (a hostile profile, a config
+    string) is shown escaped: the terminal showing the log is not driven by it."""
+    p, b, out = fake
+    for _ in range(11):
+        run_cycle(p, b, phases=[("draft\x1b[2J", 1.0), ("verify", 6.0)], steps=())
+    w = out[0]
+    w["config"] = dict(w["config"], algorithm="EAGLE3\x1b]0;owned\x07", worker="v2\r")
+    text = format_summary(w)
+    assert not any(c in text for c in "\x1b\x07\r")
+    assert "    draft\\x1b[2J " in text and "[EAGLE3\\x1b]0;owned\\x07 v2\\r steps=3" in text
+    assert text.count("\n") == format_summary(out[0]).count("\n")  # the newlines between lines stay
+
+
 def _rank(rank, folder, verify_ms, barrier, q):
     b = FakeBackend()
     out = []
@@ -1078,6 +1092,53 @@ def test_the_startup_check_leaves_no_empty_file_behind(tmp_path):
     assert not (tmp_path / "prof.jsonl").exists()
 
 
+class _Args:
+    speculative_profile = True
+    speculative_algorithm = "EAGLE3"
+    speculative_profile_interval = 100
+    speculative_profile_output = None
+
+
+@pytest.mark.parametrize("fields, says", [
+    ({"speculative_profile_output": ""}, "--speculative-profile-output needs a file path; an empty one writes nothing."),
+    ({"speculative_profile_output": "", "speculative_profile": False},
+     "--speculative-profile-output needs a file path; an empty one writes nothing."),
+    ({"speculative_profile_interval": 10**26}, "--speculative-profile-interval must be 1 or more (at most 1000000 "
+                                               "decode cycles a window), not 100000000000000000000000000."),
+    ({"speculative_profile_interval": -5, "speculative_profile": False},
+     "--speculative-profile-interval must be 1 or more (at most 1000000 decode cycles a window), not -5."),
+    ({"speculative_profile_interval": 50, "speculative_profile": False},
+     "--speculative-profile-interval only takes effect with --speculative-profile; add it."),
+])
+def test_an_option_that_would_do_nothing_is_refused_in_one_sentence(fields, says):
+    from sglang.specprof import server_args as spa
+
+    args = type("Args", (_Args,), fields)()
+    with pytest.raises(spa.SpecProfileArgError) as e:
+        spa.validate(args)
+    assert str(e.value) == says
+
+
+@pytest.mark.parametrize("culprit", ["fifo", "folder"])
+def test_each_tp_rank_s_file_is_checked_at_startup(culprit, tmp_path):
+    """tp > 1: each rank writes PATH.rankN; one of them a FIFO or a folder is refused before
+    the server starts, as PATH itself would be (not the rank's profiler off at run time)."""
+    from sglang.specprof import server_args as spa
+    from sglang.specprof.jsonl import rank_path
+
+    path = str(tmp_path / "prof.jsonl")
+    bad = rank_path(path, 2)
+    os.mkfifo(bad) if culprit == "fifo" else os.mkdir(bad)
+    args = type("Args", (_Args,), {"speculative_profile_output": path, "tp_size": 4})()
+    says = "is not a regular file" if culprit == "fifo" else "is a folder"
+    with pytest.raises(spa.SpecProfileArgError, match=f"^--speculative-profile-output {path}: rank 2's file {bad} {says}; "
+                                                      f"give a file path.$"):
+        spa.validate(args)
+    args.tp_size = 2  # ranks 0 and 1 only: fine, and no file left behind
+    spa.validate(args)
+    assert sorted(os.listdir(tmp_path)) == [os.path.basename(bad)]
+
+
 def test_the_reader_waits_for_the_gate_or_an_idle_server(monkeypatch):
     """The reader takes the GIL only where the scheduler waits for the GPU (v1: between the
     verify launch and its result) or once nothing opened the gate for IDLE_S."""
@@ -1314,6 +1375,23 @@ def test_adaptive_speculation_is_timed_where_the_series_says_so():
     Timed.speculative_adaptive, Timed.speculative_adaptive_policy = True, "fast"
     with pytest.raises(spa.SpecProfileArgError, match="takes ema or cost, not fast"):
         spa.validate(Timed())
+
+
+@pytest.mark.parametrize("name", ["SIGTERM", "INT", "SIGCHLD", "SIGSEGV", "SIG_IGN", "HUP", "9", "SIGNOPE"])
+def test_a_pause_signal_other_than_usr1_or_usr2_is_refused(name, monkeypatch, caplog):
+    """The scheduler's own handlers (SIGTERM, SIGINT, SIGCHLD) and fatal signals stay as they
+    are; `SIG_IGN` is a handler, not a signal (it is 1: SIGHUP)."""
+    import signal
+
+    monkeypatch.setenv(hooks.PAUSE_SIGNAL_ENV, name)
+    kept = [signal.SIGTERM, signal.SIGINT, signal.SIGCHLD, signal.SIGSEGV, signal.SIGHUP, signal.SIGKILL]
+    before = [signal.getsignal(s) for s in kept]
+    with caplog.at_level(logging.WARNING, logger="sglang.specprof"):
+        hooks._follow_pause_signal()
+    assert [signal.getsignal(s) for s in kept] == before
+    (rec,) = caplog.records
+    assert rec.getMessage() == (f"speculative profile: {hooks.PAUSE_SIGNAL_ENV}='{name}' not followed: it takes "
+                                f"SIGUSR1 or SIGUSR2 (the other signals are the server's own).")
 
 
 def test_a_signal_pauses_the_profiler_and_the_next_resumes_it(monkeypatch):

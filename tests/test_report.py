@@ -389,6 +389,21 @@ def fake_profile(path, windows=3, bs=2):
     return path
 
 
+def test_report_and_compare_escape_control_characters(tmp_path, capsys):
+    """A profile (or a live server's answer) whose phase names or settings hold escape
+    sequences is shown with them escaped, in the report, compare and the notes."""
+    prof = fake_profile(tmp_path / "p.jsonl")
+    text = prof.read_text().replace('"verify"', '"verify\\u001b[2J"').replace('"num_steps"', '"algorithm":"X\\u001b]0;t\\u0007","num_steps"')
+    prof.write_text(text + '{"window": 99, "cut')  # a torn last line: a note naming the path
+    bad = tmp_path / "p\x1b[31m.jsonl"
+    bad.write_text(prof.read_text())
+    for argv in (("report", str(bad)), ("compare", str(bad), str(bad))):
+        code, out, err = run_cli(*argv, capsys=capsys)
+        assert code == 0 and "\x1b" not in out + err and "\x07" not in out + err
+        assert "verify\\x1b[2J" in out and "p\\x1b[31m.jsonl" in err
+    assert "[X\\x1b]0;t\\x07" in run_cli("report", str(bad), capsys=capsys)[1]
+
+
 def test_trace_of_sampled_cycles(tmp_path, capsys):
     prof = fake_profile(tmp_path / "p.jsonl")
     out = tmp_path / "trace.json"

@@ -131,6 +131,10 @@ CASES = {
     "no-folder": ["--speculative-profile", "--speculative-algorithm", "EAGLE3", "--speculative-profile-output",
                   "/nonexistent/p.jsonl"],
     "output-alone": ["--speculative-profile-output", "p.jsonl"],
+    "output-empty": ["--speculative-profile", "--speculative-algorithm", "EAGLE3", "--speculative-profile-output", ""],
+    "interval-huge": ["--speculative-profile", "--speculative-algorithm", "EAGLE3", "--speculative-profile-interval",
+                      str(10**26)],
+    "interval-alone": ["--speculative-profile-interval", "-5"],
     # 0.5.12 on; before, argparse refuses the unknown option (the test reads the help first)
     "adaptive": ["--speculative-profile", "--speculative-algorithm", "EAGLE3", "--speculative-adaptive"],
     "adaptive-cost": ["--speculative-profile", "--speculative-algorithm", "EAGLE3", "--speculative-adaptive",
@@ -202,6 +206,9 @@ def test_parses_with_eagle3(parsed):
     ("interval-0", "--speculative-profile-interval must be 1 or more"),
     ("no-folder", "the folder /nonexistent does not exist"),
     ("output-alone", "only takes effect with --speculative-profile"),
+    ("output-empty", "--speculative-profile-output needs a file path; an empty one writes nothing."),
+    ("interval-huge", "--speculative-profile-interval must be 1 or more (at most 1000000 decode cycles a window)"),
+    ("interval-alone", "--speculative-profile-interval must be 1 or more"),
 ])
 def test_rejects_with_one_sentence(parsed, name, says):
     case = parsed[name]

@@ -17,6 +17,7 @@ from collections import deque
 from . import adaptive, compare as compare_mod, report
 from .plot import plot
 from .schema import ProfileError
+from .table import printable
 from .trace import fields as trace_fields, trace
 
 TRACE_WINDOWS = 500  # --trace draws the sampled cycles of the last 500 windows read at most (--last picks others)
@@ -46,6 +47,12 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def _print(text: str, file=None) -> None:
+    """What the commands show, its control characters escaped: a phase name, a setting or a
+    path in a profile (or a live server's answer) cannot drive the terminal."""
+    print(printable(text), file=file)
+
+
 def _write(path: str, text: str) -> None:
     try:
         with open(path, "w") as f:
@@ -70,7 +77,7 @@ def main(argv=None) -> int:
                 if args.trace:
                     traced.append(trace_fields(w))
             for n in notes:
-                print(f"sglang-specprof: note: {n}", file=sys.stderr)
+                _print(f"sglang-specprof: note: {n}", file=sys.stderr)
             summary = merge.result()
             advice = report.advise(summary)
             measured = report.by_steps(summary)  # an adaptive profile: what each step count measured
@@ -78,9 +85,9 @@ def main(argv=None) -> int:
                 out = {"summary": summary, "advice": advice}
                 if measured:
                     out["by_steps"] = measured
-                print(json.dumps(out, indent=1))
+                _print(json.dumps(out, indent=1))
             else:
-                print(report.render(summary, advice))
+                _print(report.render(summary, advice))
             if args.adaptive_config:
                 conf = adaptive.upstream_config(summary, advice, args.adaptive_margin / 100, args.source,
                                                 measured=measured)
@@ -91,12 +98,12 @@ def main(argv=None) -> int:
                 tiers = ", ".join(f"bs {k}+: {v['candidate_steps']}" for k, v in conf.items() if k.isdigit())
                 top = max(s for k, v in conf.items() if k.isdigit() for s in v["candidate_steps"])
                 # SGLang sizes its graph buffers by the launch step count: a larger candidate stops it at capture
-                print(f"sglang-specprof: adaptive config in {args.adaptive_config} ({tiers}); serve with "
+                _print(f"sglang-specprof: adaptive config in {args.adaptive_config} ({tiers}); serve with "
                       f"--speculative-adaptive --speculative-adaptive-config {args.adaptive_config} "
                       f"--speculative-num-steps {top} --speculative-num-draft-tokens {top + 1} (the largest candidate: "
                       f"SGLang sizes its graph buffers by the launch step count)", file=sys.stderr)
                 for n in adaptive.notes(conf):
-                    print(f"sglang-specprof: note: {n}", file=sys.stderr)
+                    _print(f"sglang-specprof: note: {n}", file=sys.stderr)
             if args.trace:
                 tr = trace(list(traced))
                 if not tr["otherData"]["cycles"]:
@@ -105,7 +112,7 @@ def main(argv=None) -> int:
                 _write(args.trace, json.dumps(tr))
                 of = (f", the sampled cycles of the last {TRACE_WINDOWS} of {merge.count} windows (--last N "
                       f"for others)" if merge.count > TRACE_WINDOWS else "")
-                print(f"sglang-specprof: trace of {tr['otherData']['cycles']} cycles in {args.trace}{of} "
+                _print(f"sglang-specprof: trace of {tr['otherData']['cycles']} cycles in {args.trace}{of} "
                       f"(open it in ui.perfetto.dev or chrome://tracing)", file=sys.stderr)
             if args.plot:
                 ext = os.path.splitext(args.plot)[1].lower().lstrip(".")
@@ -121,16 +128,16 @@ def main(argv=None) -> int:
                     raise report.SourceError(str(e)) from None
                 except OSError as e:
                     raise report.SourceError(f"cannot write {args.plot}: {e.strerror}") from None
-                print(f"sglang-specprof: figure in {args.plot}", file=sys.stderr)
+                _print(f"sglang-specprof: figure in {args.plot}", file=sys.stderr)
         else:
             (wa, na), (wb, nb) = report.load(args.a, keep=compare_mod.fields), report.load(args.b, keep=compare_mod.fields)
             for n in na + nb:
-                print(f"sglang-specprof: note: {n}", file=sys.stderr)
+                _print(f"sglang-specprof: note: {n}", file=sys.stderr)
             result = compare_mod.compare(wa, wb)
-            print(json.dumps(result, indent=1) if args.json else compare_mod.format_compare(result, args.a, args.b))
+            _print(json.dumps(result, indent=1) if args.json else compare_mod.format_compare(result, args.a, args.b))
         return 0
     except (ProfileError, report.SourceError) as e:
-        print(f"sglang-specprof: error: {e}", file=sys.stderr)
+        _print(f"sglang-specprof: error: {e}", file=sys.stderr)
         return 1
     except BrokenPipeError:
         return 0

@@ -2,8 +2,20 @@
 
 from __future__ import annotations
 
+import re
+
 from .advisor import inputs_from_bucket, predict
 from .kernels import format_block
+
+
+_CONTROL = re.compile(r"[\x00-\x09\x0b-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """`text` with its control characters but the newline escaped (\\x1b, ...): a name or a
+    setting read from outside cannot move the cursor, recolour or clear a terminal showing
+    the log."""
+    return _CONTROL.sub(lambda m: ascii(m.group())[1:-1], str(text))
 
 
 def _f(x, nd=3):
@@ -144,7 +156,7 @@ def format_summary(s: dict, pause=None, advice: dict | None = None) -> str:
         lines.extend("  " + line for line in cap_lines(s))
     except Exception:  # the live log never fails on a field it does not expect
         pass
-    return "\n".join(lines)
+    return printable("\n".join(lines))  # phase names and settings come from the profile
 
 
 def _above_p99(st: dict) -> bool:

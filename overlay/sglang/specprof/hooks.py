@@ -12,6 +12,7 @@ import os
 import signal
 
 from sglang_specprof.ranks import RankExchange, exchange_folder
+from sglang_specprof.table import printable
 
 from . import zero_step
 from .jsonl import JsonlSink, rank_path
@@ -24,11 +25,12 @@ from .sinks import Advice
 logger = logging.getLogger("sglang.specprof")
 
 P = NullProfiler()
-_state = {"warned": False, "paused": None}
+_state = {"warned": False, "paused": None, "state_errors": set()}
 # With this set (SIGUSR2, say), that signal to a scheduler process pauses its profiler (the
 # hooks go to the null profiler, as with the flag off) and the next one resumes it: the
 # flag's cost measured on and off in one process (bench/overhead.py --same-process).
 PAUSE_SIGNAL_ENV = "SGLANG_SPECPROF_PAUSE_SIGNAL"
+PAUSE_SIGNALS = ("SIGUSR1", "SIGUSR2")  # the others are the scheduler's (SIGTERM, SIGCHLD, ...) or fatal
 
 
 def disable(reason: str) -> None:
@@ -36,7 +38,8 @@ def disable(reason: str) -> None:
     global P
     if not _state["warned"]:
         _state["warned"] = True
-        logger.warning("speculative profile disabled after an internal error (%s); the server keeps serving.", reason)
+        logger.warning("speculative profile disabled after an internal error (%s); the server keeps serving.",
+                       printable(reason))
     old, P = P, NullProfiler()
     policy = getattr(old, "policy", None)
     if policy is not None:  # its figures stop: upstream's rule takes over
@@ -64,12 +67,18 @@ def _follow_pause_signal() -> None:
     name = os.environ.get(PAUSE_SIGNAL_ENV)
     if not name:
         return
+    full = name.strip().upper()
+    full = full if full.startswith("SIG") else "SIG" + full
+    if full not in PAUSE_SIGNALS:
+        logger.warning("speculative profile: %s=%s not followed: it takes SIGUSR1 or SIGUSR2 (the other signals "
+                       "are the server's own).", PAUSE_SIGNAL_ENV, ascii(name))
+        return
     try:
-        signum = getattr(signal, name if name.startswith("SIG") else "SIG" + name)
+        signum = getattr(signal, full)
         signal.signal(signum, _pause_toggle)
         logger.info("speculative profile: %s to pid %d pauses it, and the next resumes it", signum.name, os.getpid())
-    except (AttributeError, ValueError, OSError) as e:  # unknown name, not the main thread
-        logger.warning("speculative profile: %s=%s not followed (%s)", PAUSE_SIGNAL_ENV, name, e)
+    except (AttributeError, ValueError, OSError) as e:  # not on this platform, not the main thread
+        logger.warning("speculative profile: %s=%s not followed (%s).", PAUSE_SIGNAL_ENV, full, e)
 
 
 def _resolved(server_args):
@@ -128,7 +137,12 @@ def install(server_args, tp_rank: int = 0, worker: str = "v2") -> None:
         if path:
             if config["tp_size"] > 1:
                 path = rank_path(path, tp_rank)
-            sinks.append(JsonlSink(path))
+            try:
+                sinks.append(JsonlSink(path))
+            except OSError as e:  # made unwritable since the startup check: profiled without it
+                logger.warning("speculative profile: no JSONL, %s cannot be appended to (%s).", printable(path),
+                               e.strerror or e)
+                path = None
         if getattr(server_args, "enable_metrics", False):
             try:
                 from .metrics import MetricsSink
@@ -204,12 +218,23 @@ def internal_state() -> dict:
 
     Runs on the scheduler's thread, between batches: it first lets the reader read the cycles
     whose events have completed (50 ms at most), so `totals` covers every cycle up to the last
-    finished one.
+    finished one. Never raises (upstream calls it unguarded): an error is the answer's
+    `error`, and one warning per distinct error.
     """
-    P.catch_up()
-    out = {"enabled": P.enabled, "latest": P.latest(), "totals": P.totals_now()}
-    policy = getattr(P, "policy", None) or getattr(_state["paused"], "policy", None)
-    if policy is not None:
-        policy.reread()
-        out["adaptive_policy"] = policy.state()
-    return out
+    try:
+        P.catch_up()
+        out = {"enabled": P.enabled, "latest": P.latest(), "totals": P.totals_now()}
+        policy = getattr(P, "policy", None) or getattr(_state["paused"], "policy", None)
+        if policy is not None:
+            policy.reread()
+            out["adaptive_policy"] = policy.state()
+        return out
+    except Exception as e:
+        first = (str(e).strip().splitlines() or [""])[0]
+        reason = f"{type(e).__name__}: {first}"
+        seen = _state["state_errors"]
+        if reason not in seen and len(seen) < 32:  # bounded: an error whose text changes each call
+            seen.add(reason)
+            logger.warning("speculative profile: /server_info without the profile (%s); the server keeps serving.",
+                           printable(reason))
+        return {"enabled": bool(getattr(P, "enabled", False)), "error": reason}

@@ -42,12 +42,26 @@ class MetricsSink:
         reg = REGISTRY if registry is None else registry
         self.g = {name: Gauge(name, doc, names + extra, multiprocess_mode="mostrecent", registry=reg)
                   for name, (doc, extra) in GAUGES.items()}
+        self._shown: set = set()  # (gauge, its own label values) the last window set
+        self._now: set = set()  # ... and those the window being published set
 
     def _set(self, name, value, **labels):
         if value is not None:
             self.g[name].labels(**self.labels, **labels).set(value)
+            self._now.add((name, tuple(str(labels[k]) for k in GAUGES[name][1])))
 
     def __call__(self, s: dict) -> None:
+        """Each gauge's series for this window; a series the last window set and this one has
+        not (a bucket, a phase or a position that stopped appearing) is removed, not left at
+        its last value."""
+        self._now = set()
+        self._publish(s)
+        base = tuple(self.labels.values())
+        for name, values in self._shown - self._now:
+            self.g[name].remove(*base, *values)
+        self._shown = self._now
+
+    def _publish(self, s: dict) -> None:
         self._set("sglang:specprof_tokens_per_s", s.get("tokens_per_s"))
         for kind, key in (("decode", "seconds"), ("prefill", "prefill_seconds"),
                           ("beside_prefill", "beside_prefill_seconds")):

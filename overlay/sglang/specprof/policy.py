@@ -46,7 +46,10 @@ from __future__ import annotations
 import logging
 import math
 import os
+import stat
 from collections import deque
+
+from sglang_specprof.table import printable
 
 logger = logging.getLogger("sglang.specprof")
 
@@ -319,7 +322,8 @@ class CostPolicy:
         self.pinned = None
         self.switches = 0
         self.mode_file = None  # benchmarks: where `reread` takes the mode from (follow_file)
-        self._mode_text = None
+        self._mode_text = None  # the bytes last read from mode_file
+        self._file_problems: set = set()  # what was wrong with mode_file, each warned once
         self._rules = {}  # benchmarks: the upstream rules built for `ema-all` and `ema:PATH`
 
     # -- what the controller calls (upstream's interface) --------------------------------------
@@ -496,26 +500,53 @@ class CostPolicy:
         return {"mode": mode, "switches": self.switches, "tiers": tiers}
 
     def reread(self) -> None:
-        """The mode from `mode_file` (its first word), when the file changed since the last read
-        (never raises)."""
+        """The mode from `mode_file` (its first word), when the file changed since the last read.
+        Never raises nor blocks (it runs on the scheduler's thread): a file that is not a
+        regular one, or not UTF-8, is refused with one warning per distinct problem."""
         if self.mode_file is None:
             return
-        try:
-            with open(self.mode_file) as f:
-                text = f.read(256)
-        except FileNotFoundError:
-            return  # not written yet
-        except OSError as e:
-            logger.warning("speculative adaptive policy: mode unchanged (%s)", e)
+        data = self._read_mode_file()
+        if data is None or data == self._mode_text:
             return
+        self._mode_text = data
         try:
-            if text == self._mode_text:
-                return
-            self._mode_text = text
-            self.set_mode(text.split()[0] if text.split() else "")
-            logger.info("speculative adaptive policy: %s", self.state()["mode"])
+            words = data.decode("utf-8").split()
+        except UnicodeDecodeError:
+            self._file_problem("is not UTF-8 text")
+            return
+        self._file_problems.clear()  # read: a problem seen again is told again
+        try:
+            self.set_mode(words[0] if words else "")
+            logger.info("speculative adaptive policy: %s", printable(self.state()["mode"]))
         except ValueError as e:
-            logger.warning("speculative adaptive policy: mode unchanged (%s)", e)
+            logger.warning("speculative adaptive policy: mode unchanged (%s)", printable(str(e)))
+
+    def _read_mode_file(self):
+        """The first 256 bytes of `mode_file`, or None (not there yet, or refused)."""
+        try:
+            fd = os.open(self.mode_file, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO must not block
+        except FileNotFoundError:
+            return None  # not written yet
+        except OSError as e:
+            self._file_problem(f"cannot be read ({e.strerror or e})")
+            return None
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                self._file_problem("is not a regular file")
+                return None
+            return os.read(fd, 256)
+        except OSError as e:
+            self._file_problem(f"cannot be read ({e.strerror or e})")
+            return None
+        finally:
+            os.close(fd)
+
+    def _file_problem(self, what: str) -> None:
+        """One warning per distinct problem with `mode_file` (each /server_info reads it)."""
+        if what not in self._file_problems:
+            self._file_problems.add(what)
+            logger.warning("speculative adaptive policy: mode unchanged (%s=%s %s).", POLICY_FILE_ENV,
+                           printable(self.mode_file), what)
 
     def set_mode(self, text: str) -> None:
         """`cost`; `ema` (upstream's rule on its own tiers); `ema-all` (upstream's rule over this
@@ -585,4 +616,4 @@ def follow_file(policy: CostPolicy) -> None:
     path = os.environ.get(POLICY_FILE_ENV)
     if path:
         policy.mode_file = path
-        logger.info("speculative adaptive policy: each /server_info reads its mode from %s", path)
+        logger.info("speculative adaptive policy: each /server_info reads its mode from %s", printable(path))

@@ -11,8 +11,12 @@ import argparse
 import os
 import stat
 
+from .jsonl import rank_path
+
 # NEXTN is SGLang's name for EAGLE on MTP layers: 0.5.8 checks the flag before it renames it.
 PROFILED_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN")
+INTERVAL = 100  # decode cycles a window by default
+MAX_INTERVAL = 1_000_000  # hours of decoding at any batch size: a larger window would never close
 KERNELS_EVERY = 400  # --speculative-profile-kernels without N: one sample every 400 windows (about 0.24 s each)
 PHASES_EVERY = 4  # each batch size's cycles timed phase by phase one in 4 (the rest: start and end only)
 ADAPTIVE_POLICIES = ("ema", "cost")
@@ -39,9 +43,9 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--speculative-profile-interval",
         type=int,
-        default=100,
+        default=INTERVAL,
         metavar="N",
-        help="Decode cycles per summary window (default: 100).",
+        help=f"Decode cycles per summary window (default: {INTERVAL}).",
     )
     group.add_argument(
         "--speculative-profile-output",
@@ -97,10 +101,12 @@ def validate(args) -> None:
         if policy == "cost" and not getattr(args, "speculative_profile", False):
             raise SpecProfileArgError("--speculative-adaptive-policy cost takes its figures from the profile: add "
                                       "--speculative-profile.")
+    _check_values(args)
     if not getattr(args, "speculative_profile", False):
-        for opt in ("output", "kernels", "phases_every"):
-            value = getattr(args, f"speculative_profile_{opt}", None)
-            if value and not (opt == "phases_every" and value == PHASES_EVERY):
+        for opt, default in (("output", None), ("kernels", 0), ("phases_every", PHASES_EVERY),
+                             ("interval", INTERVAL)):
+            value = getattr(args, f"speculative_profile_{opt}", default)
+            if value and value != default:
                 raise SpecProfileArgError(
                     f"--speculative-profile-{opt.replace('_', '-')} only takes effect with --speculative-profile; "
                     f"add it."
@@ -125,33 +131,58 @@ def validate(args) -> None:
             "batch to batch): profile without it here, and `sglang-specprof report --adaptive-config` writes its "
             "config."
         )
-    interval = args.speculative_profile_interval
-    if not isinstance(interval, int) or interval < 1:
-        raise SpecProfileArgError(f"--speculative-profile-interval must be 1 or more, not {interval}.")
-    kernels = getattr(args, "speculative_profile_kernels", 0) or 0
-    if not isinstance(kernels, int) or kernels < 0:
-        raise SpecProfileArgError(f"--speculative-profile-kernels must be 0 (off) or more, not {kernels}.")
-    every = getattr(args, "speculative_profile_phases_every", 1)
-    if not isinstance(every, int) or every < 1:
-        raise SpecProfileArgError(f"--speculative-profile-phases-every must be 1 or more, not {every}.")
     path = args.speculative_profile_output
     if path:
-        folder = os.path.dirname(os.path.abspath(path)) or "."
         if os.path.isdir(path):
             raise SpecProfileArgError(f"--speculative-profile-output {path} is a folder; give a file path.")
-        if not os.path.isdir(folder):
-            raise SpecProfileArgError(f"--speculative-profile-output {path}: the folder {folder} does not exist.")
-        if os.path.exists(path) and not stat.S_ISREG(os.stat(path).st_mode):
-            # a FIFO or a device would block the server or take its writes away: refuse it
-            raise SpecProfileArgError(f"--speculative-profile-output {path} is not a regular file; give a file path.")
-        existed = os.path.exists(path)
-        try:
-            with open(path, "a"):
-                pass
-            if not existed:  # only a check: with tp > 1 each rank writes its own file beside it
-                os.remove(path)
-        except OSError as e:
-            raise SpecProfileArgError(f"--speculative-profile-output {path} is not writable: {e.strerror}.") from None
+        tp = getattr(args, "tp_size", 1)
+        if isinstance(tp, int) and tp > 1:  # each rank writes its own file beside PATH, PATH itself none
+            for rank in range(tp):
+                _check_file(rank_path(path, rank), f"--speculative-profile-output {path}: rank {rank}'s file ")
+        else:
+            _check_file(path, "--speculative-profile-output ")
+
+
+def _check_values(args) -> None:
+    """The numbers and the path in range, with --speculative-profile or without it."""
+    interval = getattr(args, "speculative_profile_interval", INTERVAL)
+    if not _int(interval) or not 1 <= interval <= MAX_INTERVAL:
+        raise SpecProfileArgError(f"--speculative-profile-interval must be 1 or more (at most {MAX_INTERVAL} decode "
+                                  f"cycles a window), not {interval}.")
+    kernels = getattr(args, "speculative_profile_kernels", 0) or 0
+    if not _int(kernels) or kernels < 0:
+        raise SpecProfileArgError(f"--speculative-profile-kernels must be 0 (off) or more, not {kernels}.")
+    every = getattr(args, "speculative_profile_phases_every", 1)
+    if not _int(every) or every < 1:
+        raise SpecProfileArgError(f"--speculative-profile-phases-every must be 1 or more, not {every}.")
+    path = getattr(args, "speculative_profile_output", None)
+    if path is not None and not str(path).strip():
+        raise SpecProfileArgError("--speculative-profile-output needs a file path; an empty one writes nothing.")
+
+
+def _int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_file(path: str, what: str) -> None:
+    """`path` can be appended to: its folder exists, and it is a regular file or nothing yet
+    (checked without opening anything else: a FIFO would block). `what` begins each message."""
+    folder = os.path.dirname(os.path.abspath(path)) or "."
+    if os.path.isdir(path):
+        raise SpecProfileArgError(f"{what}{path} is a folder; give a file path.")
+    if not os.path.isdir(folder):
+        raise SpecProfileArgError(f"{what}{path}: the folder {folder} does not exist.")
+    if os.path.exists(path) and not stat.S_ISREG(os.stat(path).st_mode):
+        # a FIFO or a device would block the server or take its writes away: refuse it
+        raise SpecProfileArgError(f"{what}{path} is not a regular file; give a file path.")
+    existed = os.path.exists(path)
+    try:
+        with open(path, "a"):
+            pass
+        if not existed:  # only a check: the server makes it when it starts
+            os.remove(path)
+    except OSError as e:
+        raise SpecProfileArgError(f"{what}{path} is not writable: {e.strerror}.") from None
 
 
 def from_cli_args(parser: argparse.ArgumentParser, server_args_cls, raw_args):

@@ -13,7 +13,7 @@ import logging
 
 from sglang_specprof.advisor import window_advice
 from sglang_specprof.kernels import against_window
-from sglang_specprof.table import format_summary
+from sglang_specprof.table import format_summary, printable
 
 from .kernel_sampler import analyse_sample
 
@@ -88,7 +88,7 @@ class Outputs:
             except Exception as e:  # a broken output must not stop the profiler
                 self.sinks.remove(sink)
                 logger.warning("speculative profile: %s failed (%s: %s) and is switched off.",
-                               type(sink).__name__, type(e).__name__, e)
+                               type(sink).__name__, type(e).__name__, printable(str(e)))
 
     def _kernel_block(self, smp):
         """A kernel sample as the window's `kernels` block (giving the GIL back every few
