@@ -681,3 +681,64 @@ def test_report_says_what_timing_by_phase_adds_to_a_cycle(tmp_path, capsys):
     assert json.loads(out)["summary"]["buckets"]["2"]["phase_marks_added"] is None
     code, out, _ = run_cli("report", str(tmp_path / "k1.jsonl"), capsys=capsys)
     assert code == 0 and "timing by phase adds" not in out
+
+
+def _compressed(path, tmp_path, kind):
+    import gzip
+    import lzma
+
+    data = path.read_bytes()
+    if kind == "zst":
+        import zstandard
+
+        packed = zstandard.ZstdCompressor().compress(data)
+    else:
+        packed = {"xz": lzma.compress, "gz": gzip.compress}[kind](data)
+    out = tmp_path / f"{path.name}.{kind}"
+    out.write_bytes(packed)
+    return out
+
+
+@pytest.mark.parametrize("kind", ["xz", "gz", "zst"])
+def test_compressed_profiles_read_as_the_plain_ones(tmp_path, capsys, kind):
+    """report, compare and --trace take an .xz, .gz or .zst profile as they take the plain one
+    (they once read its first bytes as a JSON line: "line 1 is not JSON")."""
+    prof = DATA / "profile-0.5.16-eagle3-v2-topk1.jsonl"  # its windows keep sampled cycles
+    packed = _compressed(prof, tmp_path, kind)
+    plain = run_cli("report", str(prof), "--json", capsys=capsys)
+    assert run_cli("report", str(packed), "--json", capsys=capsys) == plain and plain[0] == 0
+    code, out, err = run_cli("compare", str(packed), str(_compressed(V2, tmp_path, kind)), capsys=capsys)
+    want = run_cli("compare", str(prof), str(V2), capsys=capsys)[1]
+    assert code == 0 and out.splitlines()[1:] == want.splitlines()[1:] and len(want.splitlines()) > 5
+    code, _, err = run_cli("report", str(packed), "--trace", str(tmp_path / "t.json"), capsys=capsys)
+    assert code == 0 and "trace of " in err
+    assert json.loads((tmp_path / "t.json").read_text())["otherData"]["cycles"] > 0
+
+
+def test_a_recorded_xz_profile_reads_directly(tmp_path, capsys):
+    import lzma
+
+    packed = DATA / "exact" / "0.5.16-h" / "profile-s3k1.jsonl.xz"
+    plain = tmp_path / "p.jsonl"
+    plain.write_bytes(lzma.decompress(packed.read_bytes()))
+    code, out, err = run_cli("report", str(packed), capsys=capsys)
+    assert code == 0 and err == "" and out == run_cli("report", str(plain), capsys=capsys)[1]
+
+
+def test_damaged_or_cut_compressed_profiles_and_zstd_without_its_package(tmp_path, capsys, monkeypatch):
+    packed = _compressed(V2, tmp_path, "xz").read_bytes()
+    cut = tmp_path / "cut.jsonl.xz"
+    cut.write_bytes(packed[: len(packed) // 2])
+    code, out, err = run_cli("report", str(cut), capsys=capsys)
+    assert code == 0 and "window 0-" in out
+    assert err.startswith(f"sglang-specprof: note: {cut} is compressed and cut short: read up to line ")
+    bad = tmp_path / "bad.jsonl.xz"
+    bad.write_bytes(packed[:200] + b"x" * 64 + packed[264:])
+    code, out, err = run_cli("report", str(bad), capsys=capsys)
+    assert code == 1 and out == "" and err.count("\n") == 1
+    assert err.startswith(f"sglang-specprof: error: {bad} is damaged compressed data at its start")
+    zst = _compressed(V2, tmp_path, "zst")
+    monkeypatch.setitem(sys.modules, "zstandard", None)  # the package not installed
+    code, out, err = run_cli("report", str(zst), capsys=capsys)
+    assert code == 1 and out == "" and err.count("\n") == 1
+    assert "is compressed with zstd, which needs the zstandard package to read: pip install zstandard" in err

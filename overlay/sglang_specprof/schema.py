@@ -12,7 +12,10 @@ with its number and skipped by `read(..., skip_torn=True)`.
 
 from __future__ import annotations
 
+import gzip
 import json
+import lzma
+import zlib
 
 SCHEMA = "sglang-specprof/2"
 READS = ("sglang-specprof/1", SCHEMA)  # what a reader takes: this version and the one before
@@ -112,31 +115,79 @@ def parse_line(text: str, where: str = "line") -> dict:
 MAX_LINE = 64 << 20  # a window line is 8-100 KB; a longer one is no window (an endless or binary input)
 
 
+# what a compressed profile starts with (its format is told by these, not by the file's name)
+_MAGIC = ((b"\xfd7zXZ\x00", "xz"), (b"\x1f\x8b", "gz"), (b"\x28\xb5\x2f\xfd", "zst"))
+
+
+def _zstd_open(path: str):
+    try:
+        import zstandard
+    except ImportError:
+        raise ProfileError(f"{path} is compressed with zstd, which needs the zstandard package to read: "
+                           f"pip install zstandard (or decompress it with unzstd).") from None
+    return zstandard.open(path, "rt", encoding="utf-8", errors="replace")
+
+
+def _corrupt_errors() -> tuple:
+    """What reading damaged compressed data raises (zstd's when its package is there)."""
+    errs = (lzma.LZMAError, gzip.BadGzipFile, zlib.error)
+    try:
+        import zstandard
+    except ImportError:
+        return errs
+    return errs + (zstandard.ZstdError,)
+
+
+def open_text(path: str):
+    """`path` as text, decompressed where it is xz, gzip or zstd (told by its first bytes)."""
+    with open(path, "rb") as f:
+        head = f.read(6)
+    kind = next((k for magic, k in _MAGIC if head.startswith(magic)), None)
+    if kind == "xz":
+        return lzma.open(path, "rt", encoding="utf-8", errors="replace")
+    if kind == "gz":
+        return gzip.open(path, "rt", encoding="utf-8", errors="replace")
+    if kind == "zst":
+        return _zstd_open(path)
+    return open(path, encoding="utf-8", errors="replace")
+
+
 def iter_windows(path: str, skip_torn: bool = False, notes: list | None = None):
     """The windows of a profile file one at a time, a line at a time: the file is never held
-    whole. A torn last line (no newline: the server stopped mid-write) is skipped with a note
-    appended to `notes` when `skip_torn`; any other bad line raises ProfileError."""
-    with open(path, encoding="utf-8", errors="replace") as f:
-        n = 0
-        while True:
-            text = f.readline(MAX_LINE + 1)
-            if not text:
-                return
-            n += 1
-            where = f"{path} line {n}"
-            if len(text) > MAX_LINE:
-                raise ProfileError(f"{where} is over {MAX_LINE / (1 << 20):g} MiB long: no profile window is; the "
-                                   f"file is not a profile.")
-            if not text.strip():
-                continue
-            try:
-                yield parse_line(text, where)
-            except ProfileError:
-                torn = not text.endswith("\n")  # the writer ends every window with a newline
-                if not (skip_torn and torn):
-                    raise
-                if notes is not None:
-                    notes.append(f"{where} is cut short (the server stopped mid-write); skipped.")
+    whole (an xz, gzip or zstd file is decompressed as it is read). A torn last line (no
+    newline: the server stopped mid-write) is skipped with a note appended to `notes` when
+    `skip_torn`; any other bad line raises ProfileError."""
+    n = 0
+    try:
+        with open_text(path) as f:
+            while True:
+                text = f.readline(MAX_LINE + 1)
+                if not text:
+                    return
+                n += 1
+                where = f"{path} line {n}"
+                if len(text) > MAX_LINE:
+                    raise ProfileError(f"{where} is over {MAX_LINE / (1 << 20):g} MiB long: no profile window is; "
+                                       f"the file is not a profile.")
+                if not text.strip():
+                    continue
+                try:
+                    yield parse_line(text, where)
+                except ProfileError:
+                    torn = not text.endswith("\n")  # the writer ends every window with a newline
+                    if not (skip_torn and torn):
+                        raise
+                    if notes is not None:
+                        notes.append(f"{where} is cut short (the server stopped mid-write); skipped.")
+    except EOFError:
+        # a compressed file cut short: what it held up to there has been read
+        if not skip_torn:
+            raise ProfileError(f"{path} is compressed and cut short after line {n}.") from None
+        if notes is not None:
+            notes.append(f"{path} is compressed and cut short: read up to line {n}, the rest is lost.")
+    except _corrupt_errors() as e:
+        at = f"after line {n}" if n else "at its start"
+        raise ProfileError(f"{path} is damaged compressed data {at} ({e}).") from None
 
 
 def read(path: str, skip_torn: bool = False) -> tuple[list[dict], list[str]]:
