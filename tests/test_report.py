@@ -742,3 +742,32 @@ def test_damaged_or_cut_compressed_profiles_and_zstd_without_its_package(tmp_pat
     code, out, err = run_cli("report", str(zst), capsys=capsys)
     assert code == 1 and out == "" and err.count("\n") == 1
     assert "is compressed with zstd, which needs the zstandard package to read: pip install zstandard" in err
+
+
+def test_a_torn_line_in_the_middle_is_skipped_with_a_note(tmp_path, capsys):
+    """A full disk cuts a window's line short and the next window is written on after it, or a
+    line is left cut: report skips such a line with a note (it refused the whole file, "line 4
+    is not JSON"), reads the window written on after a cut one, and still refuses a file in
+    which nothing is a window."""
+    lines = V2.read_text().splitlines()
+    p = tmp_path / "torn.jsonl"
+    p.write_text("\n".join(lines[:3] + [lines[3][:500]] + lines[4:]) + "\n")
+    code, out, err = run_cli("report", str(p), "--json", capsys=capsys)
+    assert code == 0 and json.loads(out)["summary"]["decode_cycles"] == 100 * (len(lines) - 1)
+    assert err == f"sglang-specprof: note: {p} line 4 is not JSON (a window cut short, as a full disk leaves); skipped.\n"
+    p.write_text("\n".join(lines[:3] + [lines[3][:500] + lines[4]] + lines[5:]) + "\n")  # the next one written on
+    code, out, err = run_cli("report", str(p), "--json", capsys=capsys)
+    assert code == 0 and json.loads(out)["summary"]["decode_cycles"] == 100 * (len(lines) - 1)
+    assert err == (f"sglang-specprof: note: {p} line 4 holds a window cut short (a full disk?) and then a whole one; "
+                   f"the cut one skipped.\n")
+    p.write_text("".join(f"{line[:300]}\n" for line in lines))  # every line cut
+    code, out, err = run_cli("report", str(p), capsys=capsys)
+    assert code == 1 and out == "" and err.count("\n") == 1 and f"{p} line 1 is not JSON" in err
+    p.write_text("hello\nworld\n")
+    code, out, err = run_cli("report", str(p), capsys=capsys)
+    assert code == 1 and err.count("\n") == 1 and f"{p} line 1 is not JSON" in err
+    many = lines[:1] + [x for line in lines[1:] for x in (line, "garbage")]
+    p.write_text("\n".join(many) + "\n")
+    code, out, err = run_cli("report", str(p), capsys=capsys)
+    assert code == 0 and err.count("\n") == 6 and err.splitlines()[-1].endswith(
+        f"{len(lines) - 1 - 5} more lines that are not JSON skipped (the last, line {len(many)}).")

@@ -44,6 +44,10 @@ class ProfileError(ValueError):
     """A line that is not a profile window; the message names the line."""
 
 
+class NotJSON(ProfileError):
+    """A line that is not JSON at all: a line cut short (a killed writer, a full disk), or another file."""
+
+
 def _type_name(t):
     if isinstance(t, tuple):
         return " or ".join(x.__name__ for x in t)
@@ -104,7 +108,7 @@ def parse_line(text: str, where: str = "line") -> dict:
     except RecursionError:
         raise ProfileError(f"{where} is nested too deep to be a profile window.") from None
     except json.JSONDecodeError as e:
-        raise ProfileError(f"{where} is not JSON ({e.msg} at column {e.colno}); the file may be cut short "
+        raise NotJSON(f"{where} is not JSON ({e.msg} at column {e.colno}); the file may be cut short "
                            f"or not a profile.") from None
     bad = problems(obj)
     if bad:
@@ -152,18 +156,45 @@ def open_text(path: str):
     return open(path, encoding="utf-8", errors="replace")
 
 
+TORN_NOTES = 5  # lines skipped that are named one by one; the rest are counted in one note
+TORN_LEAD = 8  # lines not JSON before any window: the file is not a profile (it is not read on)
+_STARTS = ('{"window"', '{"schema"')  # how a writer's line starts (the key order of 1 and 2)
+
+
+def _after_torn(text: str, where: str):
+    """The whole window that follows a cut one on the same line (a full disk: the cut window's
+    line gets no newline, and the next window's is written on after it), or None."""
+    at = max(text.rfind(k) for k in _STARTS)
+    if at <= 0:
+        return None
+    try:
+        return parse_line(text[at:], where)
+    except ProfileError:
+        return None
+
+
 def iter_windows(path: str, skip_torn: bool = False, notes: list | None = None):
     """The windows of a profile file one at a time, a line at a time: the file is never held
-    whole (an xz, gzip or zstd file is decompressed as it is read). A torn last line (no
-    newline: the server stopped mid-write) is skipped with a note appended to `notes` when
-    `skip_torn`; any other bad line raises ProfileError."""
-    n = 0
+    whole (an xz, gzip or zstd file is decompressed as it is read). With `skip_torn`, a line
+    that is not JSON (cut short: the server stopped mid-write, or a full disk cut it and the
+    next window was written on after it, which is then read) is skipped with a note appended
+    to `notes`, unless no window is read before TORN_LEAD of them or in the whole file: then
+    the first one's error is raised (the file is not a profile). Any other bad line raises
+    ProfileError."""
+    n = read = 0
+    torn: list = []  # (line, error) of the lines skipped
+    notes = [] if notes is None else notes
+
+    def note(text):
+        if len(torn) <= TORN_NOTES:
+            notes.append(text)
+
     try:
         with open_text(path) as f:
             while True:
                 text = f.readline(MAX_LINE + 1)
                 if not text:
-                    return
+                    break
                 n += 1
                 where = f"{path} line {n}"
                 if len(text) > MAX_LINE:
@@ -172,22 +203,38 @@ def iter_windows(path: str, skip_torn: bool = False, notes: list | None = None):
                 if not text.strip():
                     continue
                 try:
-                    yield parse_line(text, where)
-                except ProfileError:
-                    torn = not text.endswith("\n")  # the writer ends every window with a newline
-                    if not (skip_torn and torn):
+                    w = parse_line(text, where)
+                except NotJSON as e:
+                    if not skip_torn:
                         raise
-                    if notes is not None:
-                        notes.append(f"{where} is cut short (the server stopped mid-write); skipped.")
+                    torn.append((n, e))
+                    if not read and len(torn) >= TORN_LEAD:
+                        raise torn[0][1] from None
+                    w = _after_torn(text, where)
+                    if w is not None:
+                        note(f"{where} holds a window cut short (a full disk?) and then a whole one; the cut "
+                             f"one skipped.")
+                    elif not text.endswith("\n"):  # the writer ends every window with a newline
+                        note(f"{where} is cut short (the server stopped mid-write); skipped.")
+                    else:
+                        note(f"{where} is not JSON (a window cut short, as a full disk leaves); skipped.")
+                    if w is None:
+                        continue
+                read += 1
+                yield w
     except EOFError:
         # a compressed file cut short: what it held up to there has been read
         if not skip_torn:
             raise ProfileError(f"{path} is compressed and cut short after line {n}.") from None
-        if notes is not None:
-            notes.append(f"{path} is compressed and cut short: read up to line {n}, the rest is lost.")
+        notes.append(f"{path} is compressed and cut short: read up to line {n}, the rest is lost.")
     except _corrupt_errors() as e:
         at = f"after line {n}" if n else "at its start"
         raise ProfileError(f"{path} is damaged compressed data {at} ({e}).") from None
+    if torn and not read:
+        raise torn[0][1]  # nothing in it is a window: not a profile, said of its first line
+    if len(torn) > TORN_NOTES:
+        notes.append(f"{path}: {len(torn) - TORN_NOTES} more lines that are not JSON skipped "
+                     f"(the last, line {torn[-1][0]}).")
 
 
 def read(path: str, skip_torn: bool = False) -> tuple[list[dict], list[str]]:
