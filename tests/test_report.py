@@ -771,3 +771,24 @@ def test_a_torn_line_in_the_middle_is_skipped_with_a_note(tmp_path, capsys):
     code, out, err = run_cli("report", str(p), capsys=capsys)
     assert code == 0 and err.count("\n") == 6 and err.splitlines()[-1].endswith(
         f"{len(lines) - 1 - 5} more lines that are not JSON skipped (the last, line {len(many)}).")
+
+
+@pytest.mark.parametrize("flag", ["--trace", "--adaptive-config", "--plot"])
+def test_an_output_that_is_the_input_is_refused(tmp_path, capsys, flag):
+    """`report p.jsonl --trace p.jsonl` overwrote the profile it read, exit 0: an output that
+    is the input (by another spelling, a link) or another output is refused before anything
+    is read or written."""
+    prof = tmp_path / "p.jsonl"
+    prof.write_bytes(V2.read_bytes())
+    (tmp_path / "link.jsonl").symlink_to(prof)
+    os.link(prof, tmp_path / "hard.png")
+    for out in (prof, tmp_path / "." / "p.jsonl", tmp_path / "link.jsonl", tmp_path / "hard.png"):
+        if flag == "--plot" and not str(out).endswith(".png"):
+            continue
+        code, stdout, err = run_cli("report", str(prof), flag, str(out), capsys=capsys)
+        assert code == 1 and stdout == "" and err.count("\n") == 1
+        assert f"{flag} {out} is the profile being read" in err
+        assert prof.read_bytes() == V2.read_bytes()
+    code, stdout, err = run_cli("report", str(prof), "--trace", str(tmp_path / "x.png"), "--plot",
+                                str(tmp_path / "x.png"), capsys=capsys)
+    assert code == 1 and "--plot and --trace name the same file" in err

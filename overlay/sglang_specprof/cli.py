@@ -54,6 +54,41 @@ def _write(path: str, text: str) -> None:
         raise report.SourceError(f"cannot write {path}: {e.strerror}") from None
 
 
+def _same_file(a: str, b: str) -> bool:
+    """Whether paths `a` and `b` name one file (a link, a hard link, another spelling)."""
+    try:
+        if os.path.samefile(a, b):
+            return True
+    except (OSError, ValueError):
+        pass
+    return os.path.realpath(a) == os.path.realpath(b)
+
+
+def _check_outputs(args) -> None:
+    """Refuse an output path that is the profile read, or another output's: writing it would
+    overwrite what was read (or what another option wrote) without a word."""
+    outs = [(f"--{k.replace('_', '-')}", getattr(args, k)) for k in ("trace", "adaptive_config", "plot")
+            if getattr(args, k)]
+    local = not args.source.startswith(("http://", "https://"))
+    for i, (flag, path) in enumerate(outs):
+        if local and _same_file(path, args.source):
+            raise report.SourceError(f"{flag} {path} is the profile being read: writing it would overwrite the "
+                                     f"profile; give another path")
+        for other, there in outs[:i]:
+            if _same_file(path, there):
+                raise report.SourceError(f"{flag} and {other} name the same file ({path}): give each its own")
+
+
+def _plot_path(path: str) -> str:
+    ext = os.path.splitext(path)[1].lower().lstrip(".")
+    if not ext:
+        return path + ".png"  # what matplotlib writes for a name without one: say so
+    if ext not in PLOT_FORMATS:
+        raise report.SourceError(f"--plot {path}: .{ext} is not a figure format; use one of "
+                                 f"{', '.join('.' + f for f in PLOT_FORMATS)}")
+    return path
+
+
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
     try:
@@ -62,6 +97,9 @@ def main(argv=None) -> int:
                 raise report.SourceError("--last must be 1 or more")
             if not 0 <= args.adaptive_margin < 100:
                 raise report.SourceError("--adaptive-margin must be at least 0 and below 100 (a percentage)")
+            if args.plot:
+                args.plot = _plot_path(args.plot)
+            _check_outputs(args)
             # the windows are merged as they are read: only the merge (and, for --trace, each
             # window's sampled cycles) is held, whatever the profile's length
             merge, traced, notes = report.Merge(), deque(maxlen=TRACE_WINDOWS), []
@@ -108,13 +146,6 @@ def main(argv=None) -> int:
                 print(f"sglang-specprof: trace of {tr['otherData']['cycles']} cycles in {args.trace}{of} "
                       f"(open it in ui.perfetto.dev or chrome://tracing)", file=sys.stderr)
             if args.plot:
-                ext = os.path.splitext(args.plot)[1].lower().lstrip(".")
-                if not ext:
-                    args.plot += ".png"  # what matplotlib writes for a name without one: say so
-                elif ext not in PLOT_FORMATS:
-                    raise report.SourceError(f"--plot {args.plot}: .{ext} is not a figure format; use one of "
-                                             f"{', '.join('.' + f for f in PLOT_FORMATS)}")
-
                 try:
                     plot(summary, args.plot)
                 except RuntimeError as e:
