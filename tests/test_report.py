@@ -792,3 +792,55 @@ def test_an_output_that_is_the_input_is_refused(tmp_path, capsys, flag):
     code, stdout, err = run_cli("report", str(prof), "--trace", str(tmp_path / "x.png"), "--plot",
                                 str(tmp_path / "x.png"), capsys=capsys)
     assert code == 1 and "--plot and --trace name the same file" in err
+
+
+def _windows_of(path, n):
+    from sglang_specprof import schema
+
+    with schema.open_text(str(path)) as f:
+        return [json.loads(x) for x in f if x.strip()][:n]
+
+
+def _write_windows(path, windows):
+    path.write_text("".join(json.dumps(w) + "\n" for w in windows))
+    return path
+
+
+def test_values_that_read_alone_but_not_together_are_one_sentence(tmp_path, capsys):
+    """Each window passes on its own; together they tracebacked: a field of another type in a
+    later window (TypeError in the merge), --last past what an index holds (OverflowError),
+    compare with counts -1 and 1 (ZeroDivisionError)."""
+    a, b = _windows_of(DATA / "exact" / "0.5.16-h" / "profile-s3k1.jsonl.xz", 2)
+    key = next(k for k in a["buckets"] if k in b["buckets"])
+    assert a["buckets"][key]["phases"]["verify"]["gpu_ms"]["max"] is not None
+    b["buckets"][key]["phases"]["verify"]["gpu_ms"]["max"] = "x"
+    p = _write_windows(tmp_path / "p.jsonl", [a, b])
+    code, out, err = run_cli("report", str(p), capsys=capsys)
+    assert code == 1 and out == "" and err.count("\n") == 1
+    assert f"error: {p}: window {b['window']} holds a value of another kind than the windows before it" in err
+    code, out, err = run_cli("report", str(V2), "--last", "99999999999999999999", "--json", capsys=capsys)
+    assert code == 0 and json.loads(out)["summary"]["decode_cycles"] == 100 * len(_windows_of(V2, 99))
+    a, b = _windows_of(V2, 2)
+    for w, n in ((a, -1), (b, 1)):
+        for bk in w["buckets"].values():
+            bk["phases"]["verify"]["gpu_ms"]["n"] = n
+    p = _write_windows(tmp_path / "c.jsonl", [a, b])
+    code, out, err = run_cli("compare", str(p), str(p), capsys=capsys)
+    assert code == 0 and "verify gpu ms" in out and "Traceback" not in err
+    b["buckets"][next(iter(b["buckets"]))]["tokens_per_s"] = []  # no figure: left out of the comparison
+    p = _write_windows(tmp_path / "d.jsonl", [a, b])
+    code, out, err = run_cli("compare", str(p), str(p), "--json", capsys=capsys)
+    assert code == 0 and "Traceback" not in err
+
+
+def test_plot_draws_names_with_dollar_signs_as_text(tmp_path, capsys):
+    """A "$" in a phase or setting name was parsed as matplotlib math: ValueError, traceback."""
+    pytest.importorskip("matplotlib")
+    windows = _windows_of(V2, 3)
+    for w in windows:
+        w["config"]["algorithm"] = "EAGLE $x^$"
+        for bk in w["buckets"].values():
+            bk["phases"]["w$\\undefined{x}$"] = bk["phases"].pop("verify")
+    p = _write_windows(tmp_path / "p.jsonl", windows)
+    code, _, err = run_cli("report", str(p), "--plot", str(tmp_path / "f.png"), capsys=capsys)
+    assert code == 0 and "figure in" in err and (tmp_path / "f.png").is_file()

@@ -104,21 +104,25 @@ def main(argv=None) -> int:
             # window's sampled cycles) is held, whatever the profile's length
             merge, traced, notes = report.Merge(), deque(maxlen=TRACE_WINDOWS), []
             for w in report.stream(args.source, args.last, notes):
-                merge.add(w)
+                report.add_window(merge, w, args.source)
                 if args.trace:
                     traced.append(trace_fields(w))
             for n in notes:
                 print(f"sglang-specprof: note: {n}", file=sys.stderr)
-            summary = merge.result()
-            advice = report.advise(summary)
-            measured = report.by_steps(summary)  # an adaptive profile: what each step count measured
-            if args.json:
-                out = {"summary": summary, "advice": advice}
-                if measured:
-                    out["by_steps"] = measured
-                print(json.dumps(out, indent=1))
-            else:
-                print(report.render(summary, advice))
+            try:
+                summary = merge.result()
+                advice = report.advise(summary)
+                measured = report.by_steps(summary)  # an adaptive profile: what each step count measured
+                if args.json:
+                    out = {"summary": summary, "advice": advice}
+                    if measured:
+                        out["by_steps"] = measured
+                    text = json.dumps(out, indent=1)
+                else:
+                    text = report.render(summary, advice)
+            except report.UNREADABLE as e:
+                raise report.unmergeable(args.source, e) from None
+            print(text)
             if args.adaptive_config:
                 conf = adaptive.upstream_config(summary, advice, args.adaptive_margin / 100, args.source,
                                                 measured=measured)
@@ -157,8 +161,12 @@ def main(argv=None) -> int:
             (wa, na), (wb, nb) = report.load(args.a, keep=compare_mod.fields), report.load(args.b, keep=compare_mod.fields)
             for n in na + nb:
                 print(f"sglang-specprof: note: {n}", file=sys.stderr)
-            result = compare_mod.compare(wa, wb)
-            print(json.dumps(result, indent=1) if args.json else compare_mod.format_compare(result, args.a, args.b))
+            try:
+                result = compare_mod.compare(wa, wb)
+                text = json.dumps(result, indent=1) if args.json else compare_mod.format_compare(result, args.a, args.b)
+            except report.UNREADABLE as e:
+                raise report.unmergeable(f"{args.a} and {args.b}", e) from None
+            print(text)
         return 0
     except (ProfileError, report.SourceError) as e:
         print(f"sglang-specprof: error: {e}", file=sys.stderr)

@@ -42,8 +42,14 @@ def fields(w: dict) -> dict:
                         for key, b in w["buckets"].items()}}
 
 
+def _number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
 def _weight(n) -> float:
-    return float(n) if n else 1.0  # a figure without its count (an old profile) counts once
+    # a figure without its count (an old profile) counts once; so does one with an impossible
+    # count (below 1), which would weigh against the others (and their sum could be 0)
+    return float(n) if _number(n) and n >= 1 else 1.0
 
 
 def _phase(name):
@@ -64,7 +70,8 @@ def _accept(b):
 
 def _rate(b):
     t, c = b.get("tokens_per_s"), b["accept"].get("committed_tokens")
-    return t, (c / t if t and c else 1.0)  # weighted by decode time: sum(tokens) / sum(time), as report
+    # weighted by decode time: sum(tokens) / sum(time), as report
+    return t, (c / t if _number(t) and t > 0 and _number(c) and c > 0 else 1.0)
 
 
 def _window_values(windows, key, get):
@@ -73,7 +80,7 @@ def _window_values(windows, key, get):
         b = w["buckets"].get(key)
         if b and b["cycles"]:
             v, wt = get(b)
-            if v is not None:
+            if _number(v) and _number(wt) and wt > 0:
                 vals.append((v, wt))
     return vals
 

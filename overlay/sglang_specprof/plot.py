@@ -15,6 +15,12 @@ def plot(summary: dict, path: str) -> dict:
     except ImportError:
         raise RuntimeError("--plot needs matplotlib: pip install matplotlib (or 'sglang-specprof[plot]' with the "
                            "analysis wheel)") from None
+    # the labels are the profile's own names (phases, settings): a "$" in one is text, not math
+    with plt.rc_context({"text.parse_math": False, "text.usetex": False}):
+        return _draw(plt, summary, path)
+
+
+def _draw(plt, summary: dict, path: str) -> dict:
     buckets = {k: b for k, b in summary["buckets"].items() if b["cycles"]}
     keys = list(buckets)
     names = []

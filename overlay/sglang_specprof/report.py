@@ -7,6 +7,7 @@ import math
 import json
 import re
 import statistics
+import sys
 import threading
 import urllib.request
 from array import array
@@ -23,12 +24,17 @@ class SourceError(ValueError):
 
 
 # what a field of the wrong type raises somewhere in the report (the schema checks the shape only)
-_UNREADABLE = (TypeError, KeyError, ValueError, AttributeError, IndexError, OverflowError, ZeroDivisionError,
+UNREADABLE = _UNREADABLE = (TypeError, KeyError, ValueError, AttributeError, IndexError, OverflowError, ZeroDivisionError,
                RecursionError)
 
 
 URL_SECONDS = 30  # a live server's whole answer, not each read
 MAX_ANSWER = 64 << 20
+
+
+def _why(e: BaseException) -> str:
+    first = (str(e).strip().splitlines() or [""])[0][:120]
+    return f"{type(e).__name__}: {first}"
 
 
 def readable(windows, source: str):
@@ -42,10 +48,24 @@ def readable(windows, source: str):
             json.dumps(s, allow_nan=False)
             json.dumps(trace([w]), allow_nan=False)
         except _UNREADABLE as e:
-            first = (str(e).strip().splitlines() or [""])[0][:120]
             raise SourceError(f"{source}: window {w.get('window', i)!r} (the {i + 1}th read) holds a value the "
-                              f"report cannot use ({type(e).__name__}: {first})") from None
+                              f"report cannot use ({_why(e)})") from None
         yield w
+
+
+def add_window(merge: "Merge", w: dict, source: str) -> None:
+    """`merge.add(w)`, a value of another type than the windows before it held (each window
+    alone passed `readable`) named in one sentence."""
+    try:
+        merge.add(w)
+    except _UNREADABLE as e:
+        raise SourceError(f"{source}: window {w.get('window')!r} holds a value of another kind than the windows "
+                          f"before it, which the report cannot merge ({_why(e)})") from None
+
+
+def unmergeable(source: str, e: BaseException) -> SourceError:
+    """The sentence for windows that each read alone and together hold values the report cannot use."""
+    return SourceError(f"{source}: its windows hold values that the report cannot put together ({_why(e)})")
 
 
 def _server_info(url: str) -> dict:
@@ -104,7 +124,7 @@ def stream(source: str, last: int | None = None, notes: list | None = None, keep
         else:
             got = schema.iter_windows(source, skip_torn=True, notes=notes)
             if last:
-                got = deque(got, maxlen=last)
+                got = deque(got, maxlen=min(last, sys.maxsize))  # a larger N: every window
         for w in readable(got, source):
             seen += 1
             yield w if keep is None else keep(w)
