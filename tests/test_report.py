@@ -844,3 +844,32 @@ def test_plot_draws_names_with_dollar_signs_as_text(tmp_path, capsys):
     p = _write_windows(tmp_path / "p.jsonl", windows)
     code, _, err = run_cli("report", str(p), "--plot", str(tmp_path / "f.png"), capsys=capsys)
     assert code == 0 and "figure in" in err and (tmp_path / "f.png").is_file()
+
+
+def _strict(text):
+    def refuse(name):
+        raise ValueError(f"{name} is not JSON")
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_figures_that_overflow_when_merged_are_left_out_with_a_note(tmp_path, capsys):
+    """Each window's figures are finite; their sums are not: --json wrote Infinity (not JSON)
+    and the text inf and inf%. They are left out (null, "-") with a note naming them."""
+    windows = _windows_of(V2, 2)
+    for w in windows:
+        w["seconds"] = 1.7e308
+        for bk in w["buckets"].values():
+            bk["phases"]["verify"]["gpu_ms"]["mean"] = 1e306
+    p = _write_windows(tmp_path / "p.jsonl", windows)
+    code, out, err = run_cli("report", str(p), "--json", capsys=capsys)
+    s = _strict(out)["summary"]
+    assert code == 0 and s["seconds"] is None and s["buckets"]["1"]["phases"]["verify"]["gpu_ms"]["mean"] is None
+    assert err.startswith("sglang-specprof: note: 3 figures of the windows merged overflowed") and err.count("\n") == 1
+    assert "summary.seconds, summary.buckets.1.phases.verify.gpu_ms.mean" in err
+    code, out, err = run_cli("report", str(p), capsys=capsys)
+    assert code == 0 and "inf" not in out.lower() and "nan" not in out.lower() and "in - s," in out
+    code, out, err = run_cli("compare", str(p), str(p), "--json", capsys=capsys)
+    assert code == 0 and _strict(out)["overflowed"] == ["bs 1 verify gpu ms"]
+    assert "1 figure of the comparison overflowed" in err
+    code, out, err = run_cli("compare", str(p), str(p), capsys=capsys)
+    assert code == 0 and "inf" not in out.lower() and "nan" not in out.lower() and "draft gpu ms" in out

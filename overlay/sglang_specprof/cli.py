@@ -110,18 +110,21 @@ def main(argv=None) -> int:
             for n in notes:
                 print(f"sglang-specprof: note: {n}", file=sys.stderr)
             try:
-                summary = merge.result()
-                advice = report.advise(summary)
+                lost: list = []
+                summary = report.finite(merge.result(), "summary", lost)
+                advice = report.finite(report.advise(summary), "advice", lost)
                 measured = report.by_steps(summary)  # an adaptive profile: what each step count measured
                 if args.json:
                     out = {"summary": summary, "advice": advice}
                     if measured:
                         out["by_steps"] = measured
-                    text = json.dumps(out, indent=1)
+                    text = json.dumps(out, indent=1, allow_nan=False)
                 else:
                     text = report.render(summary, advice)
             except report.UNREADABLE as e:
                 raise report.unmergeable(args.source, e) from None
+            if lost:
+                print(f"sglang-specprof: note: {report.overflow_note(lost)}", file=sys.stderr)
             print(text)
             if args.adaptive_config:
                 conf = adaptive.upstream_config(summary, advice, args.adaptive_margin / 100, args.source,
@@ -163,9 +166,13 @@ def main(argv=None) -> int:
                 print(f"sglang-specprof: note: {n}", file=sys.stderr)
             try:
                 result = compare_mod.compare(wa, wb)
-                text = json.dumps(result, indent=1) if args.json else compare_mod.format_compare(result, args.a, args.b)
+                text = (json.dumps(result, indent=1, allow_nan=False) if args.json
+                        else compare_mod.format_compare(result, args.a, args.b))
             except report.UNREADABLE as e:
                 raise report.unmergeable(f"{args.a} and {args.b}", e) from None
+            if result["overflowed"]:
+                print(f"sglang-specprof: note: {report.overflow_note(result['overflowed'], 'the comparison', 'not in the table')}",
+                      file=sys.stderr)
             print(text)
         return 0
     except (ProfileError, report.SourceError) as e:

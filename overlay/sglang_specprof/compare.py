@@ -127,7 +127,7 @@ def compare(a: list[dict], b: list[dict]) -> dict:
         a, b = (a, _at_steps(b)) if _adaptive(a) else (_at_steps(a), b)
     ka = {k for w in a for k, bk in w["buckets"].items() if bk["cycles"]}
     kb = {k for w in b for k, bk in w["buckets"].items() if bk["cycles"]}
-    out = {"settings_differ": settings_differ(a, b), "buckets": {}, "only_in": {},
+    out = {"settings_differ": settings_differ(a, b), "buckets": {}, "only_in": {}, "overflowed": [],
            "buckets_only_in": {"a": sorted(ka - kb, key=bucket_order), "b": sorted(kb - ka, key=bucket_order)}}
     for key in sorted(ka & kb, key=bucket_order):
         seen = {}
@@ -154,6 +154,11 @@ def compare(a: list[dict], b: list[dict]) -> dict:
                 continue
             delta = mb - ma
             noise = None if sa is None or sb is None else 2 * math.sqrt(sa ** 2 + sb ** 2)
+            if not all(math.isfinite(x) for x in (ma, mb, delta, delta / ma if ma else 0.0)):
+                out["overflowed"].append(f"bs {key} {label}")  # windows' figures too large to add up
+                continue
+            if noise is not None and not math.isfinite(noise):
+                noise = None
             if abs(delta) < NO_CHANGE_ABS or (ma and abs(delta / ma) < NO_CHANGE_REL):
                 verdict = "no change"
             elif len(va) < MIN_WINDOWS or len(vb) < MIN_WINDOWS or noise is None:

@@ -143,6 +143,28 @@ def stream(source: str, last: int | None = None, notes: list | None = None, keep
         raise SourceError(f"{source} holds no profile window")
 
 
+def finite(obj, where: str = "", lost: list | None = None):
+    """`obj` with each number that is not finite (a sum of windows past the largest float, and
+    what was figured from it) as None, and the paths of those (`lost`): what strict JSON
+    writes, and what the text shows as "-" rather than inf or nan."""
+    lost = [] if lost is None else lost
+    if isinstance(obj, float) and not math.isfinite(obj):
+        lost.append(where or "(the figure)")
+        return None
+    if isinstance(obj, dict):
+        return {k: finite(v, f"{where}.{k}" if where else str(k), lost) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [finite(v, f"{where}[{i}]", lost) for i, v in enumerate(obj)]
+    return obj
+
+
+def overflow_note(lost: list, what: str = "the windows merged", left: str = "shown as - (null in --json)") -> str:
+    shown = ", ".join(lost[:4]) + (f" and {len(lost) - 4} more" if len(lost) > 4 else "")
+    n = f"{len(lost)} figures" if len(lost) > 1 else "1 figure"
+    return (f"{n} of {what} overflowed (past the largest number a float holds: the profile's figures are too "
+            f"large to add up) and {'are' if len(lost) > 1 else 'is'} left out, {left}: {shown}.")
+
+
 def load(source: str, last: int | None = None, keep=None) -> tuple[list[dict], list[str]]:
     """All windows (the `last` N) of a file or a live server, and the notes on lines skipped."""
     notes: list[str] = []
