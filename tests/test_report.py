@@ -873,3 +873,64 @@ def test_figures_that_overflow_when_merged_are_left_out_with_a_note(tmp_path, ca
     assert "1 figure of the comparison overflowed" in err
     code, out, err = run_cli("compare", str(p), str(p), capsys=capsys)
     assert code == 0 and "inf" not in out.lower() and "nan" not in out.lower() and "draft gpu ms" in out
+
+
+def test_an_older_profile_says_nothing_of_what_it_did_not_record(capsys, tmp_path):
+    """Schema 1 records no GPU period and no max: the report printed "period - ms GPU (-%
+    between cycles)" and "(max - ms)"; the graph counts were a Python dict printed raw."""
+    code, out, _ = run_cli("report", str(V1), capsys=capsys)
+    assert code == 0 and "period" not in out and "(max" not in out and "{" not in out
+    assert "  bs 1: 1048 cycles, cycle 13.836 ms GPU, host 13.857 ms, accept len 3.00" in out
+    assert "    graph replays: draft 1048, verify 1048, draft_extend 1045; eager: draft 0, verify 0, draft_extend 3; " \
+           "padding 0.00" in out
+    assert "    mean above p99 in draft_prep, draft, verify_prep: fewer than 1 cycle in 100" in out
+    windows = _windows_of(DATA / "exact" / "0.5.16-h" / "profile-s3k1.jsonl.xz", 99)
+    code, out, _ = run_cli("report", str(_write_windows(tmp_path / "p.jsonl", windows)), capsys=capsys)
+    assert code == 0 and "% between cycles), host " in out and " (max " in out
+
+
+def test_the_advisor_footnote_states_the_rule_it_extrapolates_by():
+    inp = story_inputs(advisor.Growth(0.0, 0.0, 0.0, "measured"))
+    inp.steps, inp.per_position = 2, [0.9, 0.6]
+    adv = advisor.predict(inp)
+    text = advisor.format_advice(adv)
+    assert "each further position's rate is the one before it times r, the last measured rate over the one " \
+           "before that (r at most 1" in text
+    a = advisor._acceptance(inp, 4, advisor.CENTRAL)  # the rule the footnote states, r = 0.6 / 0.9
+    assert a == pytest.approx([0.9, 0.6, 0.6 * 2 / 3, 0.6 * (2 / 3) ** 2])
+    assert advisor._acceptance(inp, 4, advisor.HIGH) == pytest.approx([0.9, 0.6, 0.6, 0.6])
+    inp.per_position = [0.7]
+    inp.steps = 1
+    assert advisor._acceptance(inp, 3, advisor.CENTRAL) == pytest.approx([0.7, 0.7, 0.7])
+
+
+def test_what_timing_by_phase_adds_is_not_said_from_too_few_cycles_or_within_noise(capsys, tmp_path):
+    """A warm-up bucket of 4 cycles printed "adds 247219.7 us ... 87.12%"; a figure below zero
+    or within the windows' noise printed as if measured (-7.1 us)."""
+    base = _windows_of(DATA / "exact" / "0.5.16-h" / "profile-s3k1.jsonl.xz", 1)[0]
+    key = next(k for k, b in base["buckets"].items() if b["cycles"] >= 20)
+
+    def window(n, timed, whole_ms, timed_ms, number):
+        w = copy.deepcopy(base)
+        w["window"] = number
+        b = w["buckets"][key]
+        w["buckets"] = {key: b}
+        b["cycle_gpu_ms"] = dict(b["cycle_gpu_ms"], n=n, mean=(whole_ms * (n - timed) + timed_ms * timed) / n)
+        b["phase_cycle_gpu_ms"] = dict(b["cycle_gpu_ms"], n=timed, mean=timed_ms)
+        return w
+
+    def line(windows):
+        p = _write_windows(tmp_path / "m.jsonl", windows)
+        code, out, _ = run_cli("report", str(p), capsys=capsys)
+        assert code == 0
+        return next(x for x in out.splitlines() if "timing by phase" in x)
+
+    warm = line([window(4, 1, 1.0, 248.0, 0)])
+    assert "not said: it would rest on 1 cycles timed by phase against 3 timed whole, too few" in warm
+    assert "us" not in warm.split("(")[0] and "%" not in warm
+    noisy = [window(100, 25, 10.0, 10.0 + d, i) for i, d in enumerate((-0.0071, 0.004, -0.009, 0.0085, -0.002))]
+    assert "adds no GPU time to a cycle measurable against the noise" in line(noisy)
+    assert "-7.1" not in line(noisy)
+    steady = [window(100, 25, 10.0, 10.0 + d, i) for i, d in enumerate((0.031, 0.029, 0.030, 0.032, 0.030))]
+    assert "timing by phase adds 30.0 us of GPU time to each cycle it times (median of 5 windows" in line(steady)
+    assert "not said" in line(steady[:2]) and "too few to judge it against the noise" in line(steady[:2])

@@ -242,6 +242,28 @@ def marks_added(b: dict):
     return detail["mean"] - whole
 
 
+MARKS_MIN_CYCLES = 20  # cycles of each kind (timed by phase, timed whole) the figure of what timing adds needs
+MARKS_MIN_WINDOWS = 3  # windows whose differences give the noise it is judged against
+
+
+def _marks_judged(diffs, cycles, added: float) -> dict:
+    """Whether the median of the windows' differences (`added`) says what timing by phase adds:
+    "too few cycles" (a warm-up bucket of a few cycles), "too few windows" to judge the noise,
+    "within noise" (no more than twice the median's standard error from the windows' spread:
+    below zero too), else "measured"."""
+    k = len(diffs)
+    if min(cycles) < MARKS_MIN_CYCLES:
+        return {"noise_gpu_ms": None, "judged": "too few cycles"}
+    if k < MARKS_MIN_WINDOWS:
+        return {"noise_gpu_ms": None, "judged": "too few windows"}
+    # the median's standard error from the windows' spread, robustly (a window with a stall in it
+    # must not widen it): 1.4826 x the median absolute deviation for the deviation, 1.2533 / sqrt(k)
+    # for a median of k
+    mad = statistics.median(abs(d - added) for d in diffs)
+    noise = 2 * 1.2533 * 1.4826 * mad / math.sqrt(k)
+    return {"noise_gpu_ms": _r(noise), "judged": "within noise" if added <= noise else "measured"}
+
+
 def _sum_into(out: list, xs) -> None:
     for i, c in enumerate(xs):
         while len(out) <= i:
@@ -272,6 +294,7 @@ class _Bucket:
         self.padding: list = []  # (padding_mean, cycles) of each window
         # each window's cycles timed by phase against those timed whole (ms of GPU span)
         self.marks = array("d")
+        self.marks_cycles = [0, 0]  # the cycles timed by phase, and whole, of the windows in `marks`
 
     def add(self, b: dict) -> None:
         self.cycles += b["cycles"]
@@ -288,6 +311,9 @@ class _Bucket:
         diff = marks_added(b)
         if diff is not None:
             self.marks.append(diff)
+            nd = b["phase_cycle_gpu_ms"]["n"]
+            self.marks_cycles[0] += nd
+            self.marks_cycles[1] += b["cycle_gpu_ms"]["n"] - nd
         for i, s in enumerate(b["draft_steps_gpu_ms"]):
             if len(self.steps) <= i:
                 self.steps.append(_Stats())
@@ -345,7 +371,8 @@ class _Bucket:
         if self.marks and cyc["n"] and timed["n"] and cyc["mean"]:
             added = statistics.median(self.marks)
             marks = {"gpu_ms": _r(added), "windows": len(self.marks),
-                     "share_of_all": _r(added * timed["n"] / cyc["n"] / cyc["mean"])}
+                     "share_of_all": _r(added * timed["n"] / cyc["n"] / cyc["mean"]),
+                     "cycles": list(self.marks_cycles), **_marks_judged(self.marks, self.marks_cycles, added)}
         return {
             "cycles": self.cycles,
             "prefill_cycles": self.prefill_cycles,
@@ -622,6 +649,26 @@ def format_switches(summary: dict) -> list[str]:
             + f"; {s['gpu_ms'] / 1000.0:.3f} s in all"]
 
 
+def _marks_line(m) -> str | None:
+    """What timing by phase adds to a cycle, or why the profile does not say."""
+    if not m or m["gpu_ms"] is None:
+        return None
+    judged, (timed, whole) = m.get("judged", "measured"), m.get("cycles") or (None, None)
+    if judged == "too few cycles":
+        return (f"what timing by phase adds is not said: it would rest on {timed} cycles timed by phase against "
+                f"{whole} timed whole, too few ({MARKS_MIN_CYCLES} of each at least)")
+    if judged == "too few windows":
+        return (f"what timing by phase adds is not said: {m['windows']} windows hold cycles of both kinds, too few "
+                f"to judge it against the noise ({MARKS_MIN_WINDOWS} at least)")
+    if judged == "within noise":
+        return (f"timing by phase adds no GPU time to a cycle measurable against the noise (those cycles against "
+                f"the ones timed whole, the median of {m['windows']} windows within +-{1000 * m['noise_gpu_ms']:.1f} "
+                f"us of none)")
+    share = "" if m["share_of_all"] is None else f", {100 * m['share_of_all']:.2f}% of all cycles' time"
+    return (f"timing by phase adds {1000 * m['gpu_ms']:.1f} us of GPU time to each cycle it times (median of "
+            f"{m['windows']} windows, those cycles against the ones timed whole){share}")
+
+
 def render(summary: dict, advice: dict) -> str:
     text = [format_summary(summary, advice=advice)]
     text += format_by_steps(by_steps(summary))
@@ -630,11 +677,9 @@ def render(summary: dict, advice: dict) -> str:
     for key, adv in advice.items():
         text.append(f"bs {key} " + advisor.format_advice(adv))
     for key, b in summary.get("buckets", {}).items():
-        m = b.get("phase_marks_added")
-        if m and m["gpu_ms"] is not None:
-            text.append(f"bs {key}: timing by phase adds {1000 * m['gpu_ms']:.1f} us of GPU time to each cycle it times "
-                        f"(median of {m['windows']} windows, those cycles against the ones timed whole), "
-                        f"{100 * m['share_of_all']:.2f}% of all cycles' time")
+        line = _marks_line(b.get("phase_marks_added"))
+        if line:
+            text.append(f"bs {key}: {line}")
     if summary.get("kernels"):
         k = summary["kernels"]  # its table is in format_summary's
         text.append(f"({k['samples']} kernel samples merged; {k['unmatched_kernels']} kernels whose launch the "

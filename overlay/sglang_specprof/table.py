@@ -71,9 +71,11 @@ def format_summary(s: dict, pause=None, advice: dict | None = None) -> str:
         pos = " ".join(_f(a, 2) for a in acc["per_position"])
         per = (b.get("cycle_period_gpu_ms") or {}).get("mean")
         share = b.get("between_cycles_share")
+        # the GPU period is not in a profile of schema 1 (nor where no cycle followed another)
+        period = "" if per is None else (f"period {_f(per)} ms GPU"
+                                         + ("" if share is None else f" ({100 * share:.1f}% between cycles)") + ", ")
         lines.append(
-            f"  bs {key}: {b['cycles']} cycles, cycle {_f(b['cycle_gpu_ms']['mean'])} ms GPU, "
-            f"period {_f(per)} ms GPU ({_f(None if share is None else 100 * share, 1)}% between cycles), "
+            f"  bs {key}: {b['cycles']} cycles, cycle {_f(b['cycle_gpu_ms']['mean'])} ms GPU, {period}"
             f"host {_f(b['cycle_wall_ms']['mean'])} ms, "
             f"accept len {_f(acc['mean_length'], 2)} (by position {pos}), {_f(b['tokens_per_s'], 1)} tok/s"
         )
@@ -98,7 +100,8 @@ def format_summary(s: dict, pause=None, advice: dict | None = None) -> str:
             steps = " ".join(_f(st["mean"]) for st in b["draft_steps_gpu_ms"])
             lines.append(f"    draft steps gpu ms: {steps}")
         gr = b["graph"]
-        lines.append(f"    graph replays {gr['replays']} eager {gr['eager']} padding {_f(gr['padding_mean'], 2)}")
+        lines.append(f"    graph replays: {_counts(gr['replays'])}; eager: {_counts(gr['eager'])}; "
+                     f"padding {_f(gr['padding_mean'], 2)}")
         line = _advice_line(b, cfg, None if advice is None else advice.get(key))
         if line:
             lines.append(line)
@@ -111,7 +114,9 @@ def format_summary(s: dict, pause=None, advice: dict | None = None) -> str:
                          f"figures, counted in tok/s")
         rare = [n for n, p in b["phases"].items() if _above_p99(p["gpu_ms"])]
         if rare:
-            parts = ", ".join(f"{n} (max {_f(b['phases'][n]['gpu_ms'].get('max'))} ms)" for n in rare)
+            # the max is not in a profile of schema 1
+            parts = ", ".join(n if b["phases"][n]["gpu_ms"].get("max") is None
+                              else f"{n} (max {_f(b['phases'][n]['gpu_ms']['max'])} ms)" for n in rare)
             lines.append(f"    mean above p99 in {parts}: fewer than 1 cycle in 100 took far longer, mostly "
                          f"the device waiting on the host (a kernel compiled for a new shape, a pause); p50 is "
                          f"the usual cost")
@@ -145,6 +150,13 @@ def format_summary(s: dict, pause=None, advice: dict | None = None) -> str:
     except Exception:  # the live log never fails on a field it does not expect
         pass
     return "\n".join(lines)
+
+
+def _counts(d) -> str:
+    """{"draft": 1052, "verify": 1052} as "draft 1052, verify 1052"."""
+    if not isinstance(d, dict):
+        return str(d)
+    return ", ".join(f"{k} {v}" for k, v in d.items()) or "none"
 
 
 def _above_p99(st: dict) -> bool:
