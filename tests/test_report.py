@@ -806,6 +806,16 @@ def _write_windows(path, windows):
     return path
 
 
+def _renamed(path, n, setting, value, phase):
+    """The first `n` windows of `path`, config[setting] = value and the verify phase named `phase`."""
+    windows = _windows_of(path, n)
+    for w in windows:
+        w["config"][setting] = value
+        for bk in w["buckets"].values():
+            bk["phases"][phase] = bk["phases"].pop("verify")
+    return windows
+
+
 def test_values_that_read_alone_but_not_together_are_one_sentence(tmp_path, capsys):
     """Each window passes on its own; together they tracebacked: a field of another type in a
     later window (TypeError in the merge), --last past what an index holds (OverflowError),
@@ -836,11 +846,7 @@ def test_values_that_read_alone_but_not_together_are_one_sentence(tmp_path, caps
 def test_plot_draws_names_with_dollar_signs_as_text(tmp_path, capsys):
     """A "$" in a phase or setting name was parsed as matplotlib math: ValueError, traceback."""
     pytest.importorskip("matplotlib")
-    windows = _windows_of(V2, 3)
-    for w in windows:
-        w["config"]["algorithm"] = "EAGLE $x^$"
-        for bk in w["buckets"].values():
-            bk["phases"]["w$\\undefined{x}$"] = bk["phases"].pop("verify")
+    windows = _renamed(V2, 3, "algorithm", "EAGLE $x^$", "w$\\undefined{x}$")
     p = _write_windows(tmp_path / "p.jsonl", windows)
     code, _, err = run_cli("report", str(p), "--plot", str(tmp_path / "f.png"), capsys=capsys)
     assert code == 0 and "figure in" in err and (tmp_path / "f.png").is_file()
@@ -934,3 +940,31 @@ def test_what_timing_by_phase_adds_is_not_said_from_too_few_cycles_or_within_noi
     steady = [window(100, 25, 10.0, 10.0 + d, i) for i, d in enumerate((0.031, 0.029, 0.030, 0.032, 0.030))]
     assert "timing by phase adds 30.0 us of GPU time to each cycle it times (median of 5 windows" in line(steady)
     assert "not said" in line(steady[:2]) and "too few to judge it against the noise" in line(steady[:2])
+
+
+def test_control_characters_in_a_profile_are_shown_escaped(tmp_path, capsys):
+    """A phase name or a setting holding an escape sequence went to the terminal raw (it could
+    recolour, retitle or rewrite the screen); a newline in a name made a line of its own."""
+    windows = _renamed(V2, 3, "worker", "v2\x1b]0;owned\x07", "ver\x1b[2Jify\nfake line")
+    p = _write_windows(tmp_path / "p\x1b[31m.jsonl", windows)
+    for argv in (("report", str(p)), ("compare", str(p), str(V2))):
+        code, out, err = run_cli(*argv, capsys=capsys)
+        assert code == 0
+        text = out + err
+        assert "\x1b" not in text and "\x07" not in text and "fake line" in text
+        assert not any(line.startswith("fake line") for line in text.splitlines())
+        assert "ver\\x1b[2Jify\\x0afake line" in text
+    assert "v2\\x1b]0;owned\\x07" in run_cli("report", str(p), capsys=capsys)[1]
+    code, out, err = run_cli("report", str(p), "--json", capsys=capsys)  # JSON escapes them itself
+    assert code == 0 and "\x1b" not in out and json.loads(out)["summary"]["config"]["worker"] == "v2\x1b]0;owned\x07"
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("\x1b[2J not json\n")
+    code, out, err = run_cli("report", str(bad), capsys=capsys)
+    assert code == 1 and "\x1b" not in err and err.count("\n") == 1
+
+
+def test_a_bucket_name_that_is_no_batch_size_is_refused(tmp_path, capsys):
+    windows = _windows_of(V2, 2)
+    windows[1]["buckets"]["1\n"] = windows[1]["buckets"].pop("1")
+    code, out, err = run_cli("report", str(_write_windows(tmp_path / "p.jsonl", windows)), capsys=capsys)
+    assert code == 1 and err.count("\n") == 1 and "'1\\n' is not a batch-size bucket" in err

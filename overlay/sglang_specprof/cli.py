@@ -17,6 +17,7 @@ from collections import deque
 from . import adaptive, compare as compare_mod, report
 from .plot import plot
 from .schema import ProfileError
+from .table import printable
 from .trace import fields as trace_fields, trace
 
 TRACE_WINDOWS = 500  # --trace draws the sampled cycles of the last 500 windows read at most (--last picks others)
@@ -44,6 +45,11 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("b")
     c.add_argument("--json", action="store_true")
     return p
+
+
+def _say(line: str) -> None:
+    """A line on stderr, its control characters escaped (a profile's names, a path, go into it)."""
+    print(f"sglang-specprof: {printable(line)}", file=sys.stderr)
 
 
 def _write(path: str, text: str) -> None:
@@ -108,7 +114,7 @@ def main(argv=None) -> int:
                 if args.trace:
                     traced.append(trace_fields(w))
             for n in notes:
-                print(f"sglang-specprof: note: {n}", file=sys.stderr)
+                _say(f"note: {n}")
             try:
                 lost: list = []
                 summary = report.finite(merge.result(), "summary", lost)
@@ -124,7 +130,7 @@ def main(argv=None) -> int:
             except report.UNREADABLE as e:
                 raise report.unmergeable(args.source, e) from None
             if lost:
-                print(f"sglang-specprof: note: {report.overflow_note(lost)}", file=sys.stderr)
+                _say(f"note: {report.overflow_note(lost)}")
             print(text)
             if args.adaptive_config:
                 conf = adaptive.upstream_config(summary, advice, args.adaptive_margin / 100, args.source,
@@ -136,12 +142,12 @@ def main(argv=None) -> int:
                 tiers = ", ".join(f"bs {k}+: {v['candidate_steps']}" for k, v in conf.items() if k.isdigit())
                 top = max(s for k, v in conf.items() if k.isdigit() for s in v["candidate_steps"])
                 # SGLang sizes its graph buffers by the launch step count: a larger candidate stops it at capture
-                print(f"sglang-specprof: adaptive config in {args.adaptive_config} ({tiers}); serve with "
-                      f"--speculative-adaptive --speculative-adaptive-config {args.adaptive_config} "
-                      f"--speculative-num-steps {top} --speculative-num-draft-tokens {top + 1} (the largest candidate: "
-                      f"SGLang sizes its graph buffers by the launch step count)", file=sys.stderr)
+                _say(f"adaptive config in {args.adaptive_config} ({tiers}); serve with "
+                     f"--speculative-adaptive --speculative-adaptive-config {args.adaptive_config} "
+                     f"--speculative-num-steps {top} --speculative-num-draft-tokens {top + 1} (the largest candidate: "
+                     f"SGLang sizes its graph buffers by the launch step count)")
                 for n in adaptive.notes(conf):
-                    print(f"sglang-specprof: note: {n}", file=sys.stderr)
+                    _say(f"note: {n}")
             if args.trace:
                 tr = trace(list(traced))
                 if not tr["otherData"]["cycles"]:
@@ -150,8 +156,8 @@ def main(argv=None) -> int:
                 _write(args.trace, json.dumps(tr))
                 of = (f", the sampled cycles of the last {TRACE_WINDOWS} of {merge.count} windows (--last N "
                       f"for others)" if merge.count > TRACE_WINDOWS else "")
-                print(f"sglang-specprof: trace of {tr['otherData']['cycles']} cycles in {args.trace}{of} "
-                      f"(open it in ui.perfetto.dev or chrome://tracing)", file=sys.stderr)
+                _say(f"trace of {tr['otherData']['cycles']} cycles in {args.trace}{of} "
+                     f"(open it in ui.perfetto.dev or chrome://tracing)")
             if args.plot:
                 try:
                     plot(summary, args.plot)
@@ -159,11 +165,11 @@ def main(argv=None) -> int:
                     raise report.SourceError(str(e)) from None
                 except OSError as e:
                     raise report.SourceError(f"cannot write {args.plot}: {e.strerror}") from None
-                print(f"sglang-specprof: figure in {args.plot}", file=sys.stderr)
+                _say(f"figure in {args.plot}")
         else:
             (wa, na), (wb, nb) = report.load(args.a, keep=compare_mod.fields), report.load(args.b, keep=compare_mod.fields)
             for n in na + nb:
-                print(f"sglang-specprof: note: {n}", file=sys.stderr)
+                _say(f"note: {n}")
             try:
                 result = compare_mod.compare(wa, wb)
                 text = (json.dumps(result, indent=1, allow_nan=False) if args.json
@@ -171,12 +177,11 @@ def main(argv=None) -> int:
             except report.UNREADABLE as e:
                 raise report.unmergeable(f"{args.a} and {args.b}", e) from None
             if result["overflowed"]:
-                print(f"sglang-specprof: note: {report.overflow_note(result['overflowed'], 'the comparison', 'not in the table')}",
-                      file=sys.stderr)
+                _say(f"note: {report.overflow_note(result['overflowed'], 'the comparison', 'not in the table')}")
             print(text)
         return 0
     except (ProfileError, report.SourceError) as e:
-        print(f"sglang-specprof: error: {e}", file=sys.stderr)
+        _say(f"error: {e}")
         return 1
     except BrokenPipeError:
         return 0

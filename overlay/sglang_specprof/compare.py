@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 
+from .table import escaped, printable
 from .window import bucket_order, bucket_steps
 
 MIN_WINDOWS = 3
@@ -174,6 +175,8 @@ def compare(a: list[dict], b: list[dict]) -> dict:
 
 
 def format_compare(result: dict, name_a: str, name_b: str) -> str:
+    # the profiles' names and settings as text: a control character in one is shown, not acted on
+    result, name_a, name_b = escaped(result), printable(name_a), printable(name_b)
     lines = [f"compare A = {name_a}  B = {name_b}  (A and B as `report` prints them; noise: 2 x the combined "
              f"standard error of the window figures)"]
     diff = result.get("settings_differ") or {}

@@ -15,7 +15,7 @@ from collections import deque
 
 from . import advisor, compare, kernels, schema, window
 from .window import rounded as _r
-from .table import cap_lines, format_summary  # noqa: F401  (cap_lines: part of report's interface)
+from .table import cap_lines, escaped, format_summary  # noqa: F401  (cap_lines: part of report's interface)
 from .trace import trace
 
 
@@ -670,6 +670,8 @@ def _marks_line(m) -> str | None:
 
 
 def render(summary: dict, advice: dict) -> str:
+    # a profile's names and settings as text: a control character in one is shown, not acted on
+    summary, advice = escaped(summary), escaped(advice)
     text = [format_summary(summary, advice=advice)]
     text += format_by_steps(by_steps(summary))
     text += format_switches(summary)

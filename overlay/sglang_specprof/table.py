@@ -2,8 +2,31 @@
 
 from __future__ import annotations
 
+import re
+
 from .advisor import inputs_from_bucket, predict
 from .kernels import format_block
+
+# what a terminal acts on rather than shows: C0 and C1 controls (escape sequences, a newline
+# inside a name), and the marks that reorder text (bidirectional overrides)
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text: str) -> str:
+    """`text` with each control character written as its escape (\\x1b, \\n, \\u202e)."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m[0]):02x}" if ord(m[0]) < 0x100 else f"\\u{ord(m[0]):04x}", text)
+
+
+def escaped(obj):
+    """`obj` with every string in it, keys too, `printable`: what the text output shows of a
+    profile's names and settings."""
+    if isinstance(obj, str):
+        return printable(obj)
+    if isinstance(obj, dict):
+        return {escaped(k): escaped(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [escaped(v) for v in obj]
+    return obj
 
 
 def _f(x, nd=3):
