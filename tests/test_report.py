@@ -968,3 +968,44 @@ def test_a_bucket_name_that_is_no_batch_size_is_refused(tmp_path, capsys):
     windows[1]["buckets"]["1\n"] = windows[1]["buckets"].pop("1")
     code, out, err = run_cli("report", str(_write_windows(tmp_path / "p.jsonl", windows)), capsys=capsys)
     assert code == 1 and err.count("\n") == 1 and "'1\\n' is not a batch-size bucket" in err
+
+
+def test_windows_of_other_runs_are_merged_apart_and_repeats_counted_once(tmp_path, capsys):
+    """Ranks 0 and 3, releases 0.5.16 and 0.5.12, 3 and 5 steps were merged into one summary
+    under "rank 0"; a window repeated was counted twice."""
+    a = _windows_of(V2, 4)
+    b = copy.deepcopy(a)
+    for w in b:
+        w["rank"] = 3
+        w["config"].update(sglang="0.5.12-other", num_steps=5)
+    p = _write_windows(tmp_path / "p.jsonl", a + b)
+    code, out, err = run_cli("report", str(p), capsys=capsys)
+    assert code == 0 and err.count("\n") == 1
+    assert "note: the profile holds windows of 2 runs that differ in their settings (rank 0 and 3, num_steps 3 and " \
+           "5, sglang " in err
+    assert out.startswith("== run 1 of 2: rank 0, num_steps 3, sglang ") and "\n== run 2 of 2: rank 3, num_steps 5" in out
+    assert "window 0-3 rank 0: 400 decode cycles" in out and "window 0-3 rank 3: 400 decode cycles" in out
+    code, out, err = run_cli("report", str(p), "--json", capsys=capsys)
+    data = json.loads(out)
+    assert data["summary"]["decode_cycles"] == 400 and data["summary"]["rank"] == 0
+    assert [r["summary"]["rank"] for r in data["other_runs"]] == [3]
+    assert data["runs_differ"]["num_steps"] == [3, 5]
+    p = _write_windows(tmp_path / "twice.jsonl", a + a)  # a file put together with itself
+    code, out, err = run_cli("report", str(p), "--json", capsys=capsys)
+    assert code == 0 and json.loads(out)["summary"]["decode_cycles"] == 400 and "other_runs" not in out
+    assert err == f"sglang-specprof: note: {p}: 4 lines repeat an earlier window exactly (line 5, 6, 7 and 1 more): " \
+                  f"counted once.\n"
+
+
+def test_settings_no_server_runs_with_get_no_advice(tmp_path, capsys):
+    """num_steps -2 was advised from: "best: 8 steps"."""
+    windows = _windows_of(V2, 3)
+    for w in windows:
+        w["config"]["num_steps"] = -2
+    p = _write_windows(tmp_path / "p.jsonl", windows)
+    code, out, err = run_cli("report", str(p), "--json", capsys=capsys)
+    assert code == 0 and json.loads(out)["advice"] == {}
+    assert err == "sglang-specprof: note: the profile's num_steps is -2, which no server runs with: no step-count " \
+                  "advice from it\n"
+    code, out, _ = run_cli("report", str(p), capsys=capsys)
+    assert code == 0 and "advisor" not in out

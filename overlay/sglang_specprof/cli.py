@@ -106,32 +106,43 @@ def main(argv=None) -> int:
             if args.plot:
                 args.plot = _plot_path(args.plot)
             _check_outputs(args)
-            # the windows are merged as they are read: only the merge (and, for --trace, each
-            # window's sampled cycles) is held, whatever the profile's length
-            merge, traced, notes = report.Merge(), deque(maxlen=TRACE_WINDOWS), []
+            # the windows are merged as they are read: only the merges (and, for --trace, each
+            # window's sampled cycles) are held, whatever the profile's length
+            runs, traced, notes = report.Runs(), deque(maxlen=TRACE_WINDOWS), []
             for w in report.stream(args.source, args.last, notes):
-                report.add_window(merge, w, args.source)
+                runs.add(w, args.source)
                 if args.trace:
                     traced.append(trace_fields(w))
-            for n in notes:
-                _say(f"note: {n}")
+            if len(runs.merges) > 1:
+                notes.append(runs.note())
+            lost: list = []
             try:
-                lost: list = []
-                summary = report.finite(merge.result(), "summary", lost)
-                advice = report.finite(report.advise(summary), "advice", lost)
-                measured = report.by_steps(summary)  # an adaptive profile: what each step count measured
+                done = []  # (summary, advice, by step count) of each run
+                for i, merge in enumerate(runs.merges.values()):
+                    summary = report.finite(merge.result(), "summary" if not i else f"other_runs[{i - 1}]", lost)
+                    done.append((summary, report.finite(report.advise(summary), "advice", lost),
+                                 report.by_steps(summary)))  # an adaptive profile: what each step count measured
+                    notes += [n for n in report.config_problems(summary["config"]) if n not in notes]
                 if args.json:
-                    out = {"summary": summary, "advice": advice}
-                    if measured:
-                        out["by_steps"] = measured
+                    outs = []
+                    for summary, advice, measured in done:
+                        outs.append({"summary": summary, "advice": advice, **({"by_steps": measured} if measured
+                                                                              else {})})
+                    out = dict(outs[0], **({"other_runs": outs[1:], "runs_differ": runs.differ()}
+                                           if len(outs) > 1 else {}))
                     text = json.dumps(out, indent=1, allow_nan=False)
+                elif len(done) == 1:
+                    text = report.render(*done[0][:2])
                 else:
-                    text = report.render(summary, advice)
+                    text = "\n".join(f"{runs.header(i)}\n{report.render(s, a)}" for i, (s, a, _) in enumerate(done))
             except report.UNREADABLE as e:
                 raise report.unmergeable(args.source, e) from None
+            for n in notes:
+                _say(f"note: {n}")
             if lost:
                 _say(f"note: {report.overflow_note(lost)}")
             print(text)
+            summary, advice, measured = done[0]
             if args.adaptive_config:
                 conf = adaptive.upstream_config(summary, advice, args.adaptive_margin / 100, args.source,
                                                 measured=measured)
@@ -154,8 +165,8 @@ def main(argv=None) -> int:
                     raise report.SourceError(f"{args.source} holds no sampled cycles to trace "
                                              f"(it was written by a build that did not keep them)")
                 _write(args.trace, json.dumps(tr))
-                of = (f", the sampled cycles of the last {TRACE_WINDOWS} of {merge.count} windows (--last N "
-                      f"for others)" if merge.count > TRACE_WINDOWS else "")
+                of = (f", the sampled cycles of the last {TRACE_WINDOWS} of {runs.count} windows (--last N "
+                      f"for others)" if runs.count > TRACE_WINDOWS else "")
                 _say(f"trace of {tr['otherData']['cycles']} cycles in {args.trace}{of} "
                      f"(open it in ui.perfetto.dev or chrome://tracing)")
             if args.plot:

@@ -122,7 +122,7 @@ def stream(source: str, last: int | None = None, notes: list | None = None, keep
         if source.startswith(("http://", "https://")):
             got = _live(source)
         else:
-            got = schema.iter_windows(source, skip_torn=True, notes=notes)
+            got = schema.iter_windows(source, skip_torn=True, notes=notes, drop_repeats=True)
             if last:
                 got = deque(got, maxlen=min(last, sys.maxsize))  # a larger N: every window
         for w in readable(got, source):
@@ -486,6 +486,62 @@ class Merge:
         return s
 
 
+RUN_FIELDS = ("rank",) + compare.SETTINGS  # windows that differ in one of these are another run's
+
+
+def run_of(w: dict) -> str:
+    """The key of the run a window belongs to: its rank and settings (what one merge may hold)."""
+    cfg = w.get("config") or {}
+    return json.dumps([w.get("rank", 0)] + [cfg.get(k) for k in compare.SETTINGS], sort_keys=True, default=str)
+
+
+class Runs:
+    """A profile's windows merged by run (`run_of`), in the order the runs first appear: windows
+    of another rank, release or setting (a server restarted onto the same file, two ranks'
+    files put together) are merged apart, not into one summary under the first one's header."""
+
+    def __init__(self):
+        self.merges: dict = {}
+        self.count = 0
+
+    def add(self, w: dict, source: str) -> None:
+        key = run_of(w)
+        m = self.merges.get(key)
+        if m is None:
+            m = self.merges[key] = Merge()
+        add_window(m, w, source)
+        self.count += 1
+
+    def differ(self) -> dict:
+        """{field: [each run's value]} for each field the runs differ in."""
+        firsts = [m.first or {} for m in self.merges.values()]
+        vals = {f: [(x.get("rank") if f == "rank" else (x.get("config") or {}).get(f)) for x in firsts]
+                for f in RUN_FIELDS}
+        return {f: v for f, v in vals.items() if len({json.dumps(x, default=str) for x in v}) > 1}
+
+    def header(self, i: int) -> str:
+        m = list(self.merges.values())[i]
+        what = ", ".join(f"{f} {v[i]}" for f, v in self.differ().items())
+        span = f"windows {m.first.get('window')}-{m.last}" if m.count > 1 else f"window {m.last}"
+        return f"== run {i + 1} of {len(self.merges)}: {what} ({span}, {m.count} windows) =="
+
+    def note(self) -> str:
+        parts = ", ".join(f"{f} {' and '.join(map(str, dict.fromkeys(map(str, v))))}" for f, v in self.differ().items())
+        return (f"the profile holds windows of {len(self.merges)} runs that differ in their settings ({parts}): each "
+                f"is merged and reported on its own, under a header of its own (--json: the first as summary, "
+                f"the others in other_runs; --adaptive-config and --plot: the first)")
+
+
+def config_problems(config: dict) -> list[str]:
+    """Settings no server runs with (a damaged profile): the advisor does not advise from them."""
+    out = []
+    for k, least in (("num_steps", 0), ("topk", 1), ("num_draft_tokens", 1)):
+        v = (config or {}).get(k)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < least):
+            out.append(f"the profile's {k} is {v!r}, which no server runs with: no step-count advice from it")
+    return out
+
+
 def summarize(windows) -> dict:
     m = Merge()
     for w in windows:
@@ -521,7 +577,7 @@ def advise(summary: dict) -> dict:
     steps = summary.get("config", {}).get("num_steps")
     topk = summary.get("config", {}).get("topk")
     out = {}
-    if not steps:
+    if not steps or config_problems(summary.get("config")):
         return out
     fit = advisor.fit_verify(summary.get("verify_points") or [], steps,
                              advisor.draft_tokens(summary.get("config"), steps))

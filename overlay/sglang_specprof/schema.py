@@ -13,6 +13,7 @@ with its number and skipped by `read(..., skip_torn=True)`.
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 import lzma
 import zlib
@@ -173,16 +174,18 @@ def _after_torn(text: str, where: str):
         return None
 
 
-def iter_windows(path: str, skip_torn: bool = False, notes: list | None = None):
+def iter_windows(path: str, skip_torn: bool = False, notes: list | None = None, drop_repeats: bool = False):
     """The windows of a profile file one at a time, a line at a time: the file is never held
     whole (an xz, gzip or zstd file is decompressed as it is read). With `skip_torn`, a line
     that is not JSON (cut short: the server stopped mid-write, or a full disk cut it and the
     next window was written on after it, which is then read) is skipped with a note appended
     to `notes`, unless no window is read before TORN_LEAD of them or in the whole file: then
     the first one's error is raised (the file is not a profile). Any other bad line raises
-    ProfileError."""
+    ProfileError. With `drop_repeats`, a line that repeats an earlier one exactly (a file put
+    together with itself, a window appended twice) is counted once, with a note."""
     n = read = 0
     torn: list = []  # (line, error) of the lines skipped
+    seen, repeats = set(), []  # the lines' digests; the line numbers of those that repeat one
     notes = [] if notes is None else notes
 
     def note(text):
@@ -220,6 +223,13 @@ def iter_windows(path: str, skip_torn: bool = False, notes: list | None = None):
                         note(f"{where} is not JSON (a window cut short, as a full disk leaves); skipped.")
                     if w is None:
                         continue
+                    text = text[max(text.rfind(k) for k in _STARTS):]
+                if drop_repeats:
+                    digest = hashlib.blake2b(text.strip().encode("utf-8", "surrogatepass"), digest_size=16).digest()
+                    if digest in seen:
+                        repeats.append(n)
+                        continue
+                    seen.add(digest)
                 read += 1
                 yield w
     except EOFError:
@@ -232,6 +242,10 @@ def iter_windows(path: str, skip_torn: bool = False, notes: list | None = None):
         raise ProfileError(f"{path} is damaged compressed data {at} ({e}).") from None
     if torn and not read:
         raise torn[0][1]  # nothing in it is a window: not a profile, said of its first line
+    if repeats:
+        lines = ", ".join(map(str, repeats[:3])) + (f" and {len(repeats) - 3} more" if len(repeats) > 3 else "")
+        notes.append(f"{path}: {len(repeats)} {'lines repeat' if len(repeats) > 1 else 'line repeats'} an earlier "
+                     f"window exactly (line {lines}): counted once.")
     if len(torn) > TORN_NOTES:
         notes.append(f"{path}: {len(torn) - TORN_NOTES} more lines that are not JSON skipped "
                      f"(the last, line {torn[-1][0]}).")

@@ -191,6 +191,8 @@ def _advice_line(bucket: dict, cfg: dict, adv: dict | None = None) -> str | None
     """One line of the step-count advisor (`adv`, or predicted from the bucket); never raises."""
     try:
         steps = cfg.get("num_steps")
+        if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
+            return None  # no step count (or one no server runs with, a damaged profile): nothing to advise from
         if adv is None:
             inp = inputs_from_bucket(bucket, steps, config=cfg) if steps else None
             if inp is None:
