@@ -1009,3 +1009,22 @@ def test_settings_no_server_runs_with_get_no_advice(tmp_path, capsys):
                   "advice from it\n"
     code, out, _ = run_cli("report", str(p), capsys=capsys)
     assert code == 0 and "advisor" not in out
+
+
+def test_a_live_answer_nested_too_deep_or_an_address_with_a_space_is_one_sentence(monkeypatch, capsys):
+    """Both raised in the reading thread (its traceback printed) and then KeyError: 'info'."""
+    import io
+    import threading
+
+    hooked = []
+    monkeypatch.setattr(threading, "excepthook", lambda a: hooked.append(a))
+    deep = b"[" * 100000 + b"]" * 100000
+    monkeypatch.setattr(report.urllib.request, "urlopen", lambda url, timeout=None: io.BytesIO(deep))
+    code, out, err = run_cli("report", "http://127.0.0.1:1", capsys=capsys)
+    assert code == 1 and err == "sglang-specprof: error: cannot read http://127.0.0.1:1/server_info: its answer is " \
+                                "JSON nested too deep to be server info\n"
+    monkeypatch.undo()
+    for url in ("http://127.0.0.1:1/a b", "http://127.0.0.1:1/\x01", "http://127.0.0.1:1\n"):
+        code, out, err = run_cli("report", url, capsys=capsys)
+        assert code == 1 and err.count("\n") == 1 and "is not a server's address: it holds a space or a control" in err
+    assert not hooked

@@ -81,20 +81,24 @@ def _server_info(url: str) -> dict:
                 box["error"] = f"its answer is over {MAX_ANSWER >> 20} MiB"
             else:
                 box["info"] = json.loads(body)
-        except (OSError, ValueError) as e:
-            box["error"] = str(e)
+        except RecursionError:
+            box["error"] = "its answer is JSON nested too deep to be server info"
+        except Exception as e:  # noqa: BLE001  (any failure here is said in one sentence, not a thread's traceback)
+            box["error"] = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:200]}"
 
     t = threading.Thread(target=get, name="specprof-url", daemon=True)
     t.start()
     t.join(URL_SECONDS)
     if t.is_alive():
         raise SourceError(f"cannot read {url}: no whole answer within {URL_SECONDS} s")
-    if "error" in box:
-        raise SourceError(f"cannot read {url}: {box['error']}")
+    if "info" not in box:
+        raise SourceError(f"cannot read {url}: {box.get('error', 'no answer')}")
     return box["info"]
 
 
 def _live(source: str) -> list[dict]:
+    if re.search(r"[\s\x00-\x1f\x7f-\x9f]", source):
+        raise SourceError(f"{source!r} is not a server's address: it holds a space or a control character")
     url = source.rstrip("/") + "/server_info"
     info = _server_info(url)
     if not isinstance(info, dict) or not isinstance(info.get("internal_states") or [], list):
