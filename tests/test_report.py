@@ -1028,3 +1028,35 @@ def test_a_live_answer_nested_too_deep_or_an_address_with_a_space_is_one_sentenc
         code, out, err = run_cli("report", url, capsys=capsys)
         assert code == 1 and err.count("\n") == 1 and "is not a server's address: it holds a space or a control" in err
     assert not hooked
+
+
+def test_plot_of_thousands_of_buckets_or_positions_draws_a_bounded_figure(tmp_path):
+    """2,000 buckets took 248 s and 700 MB, 3M per-position entries past 300 s: the figure
+    draws the buckets with the most cycles and the first positions, and says what it left out."""
+    import time
+
+    pytest.importorskip("matplotlib")
+    from sglang_specprof import plot as plot_mod
+
+    summary = report.summarize(report.load(str(V2))[0])
+    one = summary["buckets"]["3-4"]
+    summary["buckets"] = {f"{n}": dict(one, cycles=n) for n in range(1, 2001)}
+    summary["buckets"]["7"] = dict(one, cycles=5000, accept=dict(one["accept"], per_position=[0.5] * 3_000_000))
+    t0 = time.monotonic()
+    drawn = plot_mod.plot(summary, str(tmp_path / "f.png"))
+    assert time.monotonic() - t0 < 60 and (tmp_path / "f.png").is_file()
+    assert len(drawn["cycle_ms"]) == plot_mod.PLOT_BUCKETS and "7" in drawn["cycle_ms"] and "1" not in drawn["cycle_ms"]
+    assert len(drawn["per_position"]["7"]) == plot_mod.PLOT_POSITIONS
+    assert drawn["left_out"] == [f"{2000 - plot_mod.PLOT_BUCKETS} of 2000 batch-size buckets (those with the fewest "
+                                 f"cycles)", "draft positions past 32 (of 3000000)"]
+
+
+@pytest.mark.parametrize("command", ["report", "compare"])
+def test_a_fifo_is_refused_without_waiting_on_it(tmp_path, command):
+    fifo = tmp_path / "p.jsonl"
+    os.mkfifo(fifo)
+    argv = [str(fifo)] if command == "report" else [str(V2), str(fifo)]
+    proc = subprocess.run([sys.executable, "-m", "sglang_specprof", command, *argv], capture_output=True, text=True,
+                          timeout=30, env=dict(os.environ, PYTHONPATH=str(Path(report.__file__).parent.parent)))
+    assert proc.returncode == 1 and proc.stdout == "" and proc.stderr.count("\n") == 1
+    assert f"{fifo} is not a regular file (a FIFO, a device or a socket)" in proc.stderr

@@ -171,12 +171,14 @@ def main(argv=None) -> int:
                      f"(open it in ui.perfetto.dev or chrome://tracing)")
             if args.plot:
                 try:
-                    plot(summary, args.plot)
+                    drawn = plot(summary, args.plot)
                 except RuntimeError as e:
                     raise report.SourceError(str(e)) from None
                 except OSError as e:
                     raise report.SourceError(f"cannot write {args.plot}: {e.strerror}") from None
                 _say(f"figure in {args.plot}")
+                if drawn["left_out"]:
+                    _say(f"note: the figure leaves out {' and '.join(drawn['left_out'])}")
         else:
             (wa, na), (wb, nb) = report.load(args.a, keep=compare_mod.fields), report.load(args.b, keep=compare_mod.fields)
             for n in na + nb:

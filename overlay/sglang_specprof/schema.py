@@ -16,6 +16,8 @@ import gzip
 import hashlib
 import json
 import lzma
+import os
+import stat
 import zlib
 
 SCHEMA = "sglang-specprof/2"
@@ -144,7 +146,15 @@ def _corrupt_errors() -> tuple:
 
 
 def open_text(path: str):
-    """`path` as text, decompressed where it is xz, gzip or zstd (told by its first bytes)."""
+    """`path` as text, decompressed where it is xz, gzip or zstd (told by its first bytes). A
+    file that is not a regular one (a FIFO, a device) is refused before it is opened: opening
+    or reading it could wait forever."""
+    mode = os.stat(path).st_mode
+    if stat.S_ISDIR(mode):
+        raise IsADirectoryError(path)
+    if not stat.S_ISREG(mode):
+        raise ProfileError(f"{path} is not a regular file (a FIFO, a device or a socket): give the profile's file, "
+                           f"decompressed or not.")
     with open(path, "rb") as f:
         head = f.read(6)
     kind = next((k for magic, k in _MAGIC if head.startswith(magic)), None)
