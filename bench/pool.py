@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 
@@ -33,25 +34,49 @@ class Refused(Exception):
     pass
 
 
+def _ratio(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
+
+
+def _no_constant(name):
+    raise ValueError(f"{name} is not a number JSON holds")
+
+
 def read(path):
     try:
         with open(path) as f:
-            r = json.load(f)
+            r = json.load(f, parse_constant=_no_constant)
     except OSError as e:
         raise Refused(f"cannot read {path}: {e.strerror}") from None
+    except RecursionError:
+        raise Refused(f"{path} is not a JSON result (nested too deep)") from None
     except ValueError as e:
         raise Refused(f"{path} is not a JSON result ({e})") from None
     if not isinstance(r, dict) or r.get("benchmark") != "overhead" or not isinstance(r.get("ratios"), list):
         raise Refused(f"{path} is not a result of bench/overhead.py (no benchmark 'overhead' with its ratios)")
     for key in ("ratios", "ratios_off_vs_upstream"):
         xs = r.get(key, [1.0])
-        if not isinstance(xs, list) or not xs or not all(isinstance(x, (int, float)) and x > 0 for x in xs):
-            raise Refused(f"{path} holds no rounds in {key}, or a ratio that is not a positive number")
+        if not isinstance(xs, list) or not xs or not all(_ratio(x) for x in xs):
+            raise Refused(f"{path} holds no rounds in {key}, or a ratio that is not a finite positive number")
+    if not isinstance(r.get("profiler"), (str, type(None))):
+        raise Refused(f"{path} records a profiler fingerprint that is not a string ({r['profiler']!r})")
     return r
+
+
+def _same(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return os.path.realpath(a) == os.path.realpath(b)
 
 
 def pool(paths, same_profiler=False):
     results = [read(p) for p in paths]
+    for i, (p, r) in enumerate(zip(paths, results)):
+        for q, other in zip(paths[:i], results[:i]):
+            if _same(p, q) or r == other:  # its rounds would count twice
+                raise Refused(f"{p} is {q} again ({'the same file' if _same(p, q) else 'the same result'}): "
+                              f"give each result once")
     first = results[0]
     for p, r in zip(paths[1:], results[1:]):
         for k in SAME:

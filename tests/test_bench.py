@@ -303,3 +303,41 @@ def test_pool_puts_the_rounds_of_one_measurement_together_and_refuses_another(tm
         sys.path.remove(str(tmp_path / "site"))
         sys.modules.update(held)
     assert one and two and one != two and len(one) == 12
+
+
+def test_pool_refuses_what_would_count_wrongly_and_pools_many_rounds_fast(tmp_path):
+    """An inf ratio was pooled (Infinity written), a list fingerprint a TypeError, deep JSON a
+    RecursionError, one file given three times 9 rounds of 3; 200,000 ratios ran past 120 s."""
+    import time
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    import pool
+
+    a = _overhead_result(tmp_path / "a.json", [0.99, 0.995, 1.0])
+    (tmp_path / "inf.json").write_text(json.dumps({"benchmark": "overhead", "ratios": [1.0]}).replace("1.0", "Infinity"))
+    with pytest.raises(pool.Refused, match="not a JSON result"):
+        pool.pool([a, str(tmp_path / "inf.json")])
+    with pytest.raises(pool.Refused, match="not a finite positive number"):
+        pool.pool([a, _overhead_result(tmp_path / "bool.json", [True, 1.0])])
+    with pytest.raises(pool.Refused, match="fingerprint that is not a string"):
+        pool.pool([a, _overhead_result(tmp_path / "list.json", [1.0], profiler=["abc123"])])
+    (tmp_path / "deep.json").write_text("[" * 100000 + "]" * 100000)
+    with pytest.raises(pool.Refused, match="nested too deep"):
+        pool.pool([a, str(tmp_path / "deep.json")])
+    with pytest.raises(pool.Refused, match="is .*a.json again \\(the same file\\)"):
+        pool.pool([a, a, a])
+    (tmp_path / "copy.json").write_text((tmp_path / "a.json").read_text())
+    with pytest.raises(pool.Refused, match="the same result"):
+        pool.pool([a, str(tmp_path / "copy.json")])
+    for path in ("inf.json", "list.json", "deep.json"):
+        assert pool.main([a, str(tmp_path / path), "--same-profiler"]) == 1
+    import random
+
+    rng = random.Random(3)
+    many = [_overhead_result(tmp_path / f"m{i}.json", [rng.gauss(1.0, 0.02) for _ in range(50_000)], date=str(i))
+            for i in range(4)]
+    t0 = time.monotonic()
+    r = pool.pool(many)
+    assert time.monotonic() - t0 < 20 and r["rounds"] == 200_000
+    lo, hi = r["median_ratio_ci95"]
+    assert lo < r["median_ratio"] < hi and hi - lo < 0.001

@@ -742,3 +742,382 @@ def test_a_window_the_report_cannot_use_is_named_by_its_ordinal(tmp_path, capsys
     path.write_text(lines[0] + "\n" + json.dumps(bad) + "\n")
     code, _, err = run_cli("report", str(path), capsys=capsys)
     assert code == 1 and "(the 2nd read) holds a value the report cannot use" in err, err
+
+
+def _compressed(path, tmp_path, kind):
+    import gzip
+    import lzma
+
+    data = path.read_bytes()
+    if kind == "zst":
+        import zstandard
+
+        packed = zstandard.ZstdCompressor().compress(data)
+    else:
+        packed = {"xz": lzma.compress, "gz": gzip.compress}[kind](data)
+    out = tmp_path / f"{path.name}.{kind}"
+    out.write_bytes(packed)
+    return out
+
+
+@pytest.mark.parametrize("kind", ["xz", "gz", "zst"])
+def test_compressed_profiles_read_as_the_plain_ones(tmp_path, capsys, kind):
+    """report, compare and --trace take an .xz, .gz or .zst profile as they take the plain one
+    (they once read its first bytes as a JSON line: "line 1 is not JSON")."""
+    prof = DATA / "profile-0.5.16-eagle3-v2-topk1.jsonl"  # its windows keep sampled cycles
+    packed = _compressed(prof, tmp_path, kind)
+    plain = run_cli("report", str(prof), "--json", capsys=capsys)
+    assert run_cli("report", str(packed), "--json", capsys=capsys) == plain and plain[0] == 0
+    code, out, err = run_cli("compare", str(packed), str(_compressed(V2, tmp_path, kind)), capsys=capsys)
+    want = run_cli("compare", str(prof), str(V2), capsys=capsys)[1]
+    assert code == 0 and out.splitlines()[1:] == want.splitlines()[1:] and len(want.splitlines()) > 5
+    code, _, err = run_cli("report", str(packed), "--trace", str(tmp_path / "t.json"), capsys=capsys)
+    assert code == 0 and "trace of " in err
+    assert json.loads((tmp_path / "t.json").read_text())["otherData"]["cycles"] > 0
+
+
+def test_a_recorded_xz_profile_reads_directly(tmp_path, capsys):
+    import lzma
+
+    packed = DATA / "exact" / "0.5.16-h" / "profile-s3k1.jsonl.xz"
+    plain = tmp_path / "p.jsonl"
+    plain.write_bytes(lzma.decompress(packed.read_bytes()))
+    code, out, err = run_cli("report", str(packed), capsys=capsys)
+    assert code == 0 and err == "" and out == run_cli("report", str(plain), capsys=capsys)[1]
+
+
+def test_damaged_or_cut_compressed_profiles_and_zstd_without_its_package(tmp_path, capsys, monkeypatch):
+    packed = _compressed(V2, tmp_path, "xz").read_bytes()
+    cut = tmp_path / "cut.jsonl.xz"
+    cut.write_bytes(packed[: len(packed) // 2])
+    code, out, err = run_cli("report", str(cut), capsys=capsys)
+    assert code == 0 and "window 0-" in out
+    assert err.startswith(f"sglang-specprof: note: {cut} is compressed and cut short: read up to line ")
+    bad = tmp_path / "bad.jsonl.xz"
+    bad.write_bytes(packed[:200] + b"x" * 64 + packed[264:])
+    code, out, err = run_cli("report", str(bad), capsys=capsys)
+    assert code == 1 and out == "" and err.count("\n") == 1
+    assert err.startswith(f"sglang-specprof: error: {bad} is damaged compressed data at its start")
+    zst = _compressed(V2, tmp_path, "zst")
+    monkeypatch.setitem(sys.modules, "zstandard", None)  # the package not installed
+    code, out, err = run_cli("report", str(zst), capsys=capsys)
+    assert code == 1 and out == "" and err.count("\n") == 1
+    assert "is compressed with zstd, which needs the zstandard package to read: pip install zstandard" in err
+
+
+def test_a_torn_line_in_the_middle_is_skipped_with_a_note(tmp_path, capsys):
+    """A full disk cuts a window's line short and the next window is written on after it, or a
+    line is left cut: report skips such a line with a note (it refused the whole file, "line 4
+    is not JSON"), reads the window written on after a cut one, and still refuses a file in
+    which nothing is a window."""
+    lines = V2.read_text().splitlines()
+    p = tmp_path / "torn.jsonl"
+    p.write_text("\n".join(lines[:3] + [lines[3][:500]] + lines[4:]) + "\n")
+    code, out, err = run_cli("report", str(p), "--json", capsys=capsys)
+    assert code == 0 and json.loads(out)["summary"]["decode_cycles"] == 100 * (len(lines) - 1)
+    assert err == f"sglang-specprof: note: {p} line 4 is not JSON (a window cut short, as a full disk leaves); skipped.\n"
+    p.write_text("\n".join(lines[:3] + [lines[3][:500] + lines[4]] + lines[5:]) + "\n")  # the next one written on
+    code, out, err = run_cli("report", str(p), "--json", capsys=capsys)
+    assert code == 0 and json.loads(out)["summary"]["decode_cycles"] == 100 * (len(lines) - 1)
+    assert err == (f"sglang-specprof: note: {p} line 4 holds a window cut short (a full disk?) and then a whole one; "
+                   f"the cut one skipped.\n")
+    p.write_text("".join(f"{line[:300]}\n" for line in lines))  # every line cut
+    code, out, err = run_cli("report", str(p), capsys=capsys)
+    assert code == 1 and out == "" and err.count("\n") == 1 and f"{p} line 1 is not JSON" in err
+    p.write_text("hello\nworld\n")
+    code, out, err = run_cli("report", str(p), capsys=capsys)
+    assert code == 1 and err.count("\n") == 1 and f"{p} line 1 is not JSON" in err
+    many = lines[:1] + [x for line in lines[1:] for x in (line, "garbage")]
+    p.write_text("\n".join(many) + "\n")
+    code, out, err = run_cli("report", str(p), capsys=capsys)
+    assert code == 0 and err.count("\n") == 6 and err.splitlines()[-1].endswith(
+        f"{len(lines) - 1 - 5} more lines that are not JSON skipped (the last, line {len(many)}).")
+
+
+@pytest.mark.parametrize("flag", ["--trace", "--adaptive-config", "--plot"])
+def test_an_output_that_is_the_input_is_refused(tmp_path, capsys, flag):
+    """`report p.jsonl --trace p.jsonl` overwrote the profile it read, exit 0: an output that
+    is the input (by another spelling, a link) or another output is refused before anything
+    is read or written."""
+    prof = tmp_path / "p.jsonl"
+    prof.write_bytes(V2.read_bytes())
+    (tmp_path / "link.jsonl").symlink_to(prof)
+    os.link(prof, tmp_path / "hard.png")
+    for out in (prof, tmp_path / "." / "p.jsonl", tmp_path / "link.jsonl", tmp_path / "hard.png"):
+        if flag == "--plot" and not str(out).endswith(".png"):
+            continue
+        code, stdout, err = run_cli("report", str(prof), flag, str(out), capsys=capsys)
+        assert code == 1 and stdout == "" and err.count("\n") == 1
+        assert f"{flag} {out} is the profile being read" in err
+        assert prof.read_bytes() == V2.read_bytes()
+    code, stdout, err = run_cli("report", str(prof), "--trace", str(tmp_path / "x.png"), "--plot",
+                                str(tmp_path / "x.png"), capsys=capsys)
+    assert code == 1 and "--plot and --trace name the same file" in err
+
+
+def _windows_of(path, n):
+    from sglang_specprof import schema
+
+    with schema.open_text(str(path)) as f:
+        return [json.loads(x) for x in f if x.strip()][:n]
+
+
+def _write_windows(path, windows):
+    path.write_text("".join(json.dumps(w) + "\n" for w in windows))
+    return path
+
+
+def _renamed(path, n, setting, value, phase):
+    """The first `n` windows of `path`, config[setting] = value and the verify phase named `phase`."""
+    windows = _windows_of(path, n)
+    for w in windows:
+        w["config"][setting] = value
+        for bk in w["buckets"].values():
+            bk["phases"][phase] = bk["phases"].pop("verify")
+    return windows
+
+
+def test_values_that_read_alone_but_not_together_are_one_sentence(tmp_path, capsys):
+    """Each window passes on its own; together they tracebacked: a field of another type in a
+    later window (TypeError in the merge), --last past what an index holds (OverflowError),
+    compare with counts -1 and 1 (ZeroDivisionError)."""
+    a, b = _windows_of(DATA / "exact" / "0.5.16-h" / "profile-s3k1.jsonl.xz", 2)
+    key = next(k for k in a["buckets"] if k in b["buckets"])
+    assert a["buckets"][key]["phases"]["verify"]["gpu_ms"]["max"] is not None
+    b["buckets"][key]["phases"]["verify"]["gpu_ms"]["max"] = "x"
+    p = _write_windows(tmp_path / "p.jsonl", [a, b])
+    code, out, err = run_cli("report", str(p), capsys=capsys)
+    assert code == 1 and out == "" and err.count("\n") == 1
+    assert f"error: {p}: window {b['window']} holds a value of another kind than the windows before it" in err
+    code, out, err = run_cli("report", str(V2), "--last", "99999999999999999999", "--json", capsys=capsys)
+    assert code == 0 and json.loads(out)["summary"]["decode_cycles"] == 100 * len(_windows_of(V2, 99))
+    a, b = _windows_of(V2, 2)
+    for w, n in ((a, -1), (b, 1)):
+        for bk in w["buckets"].values():
+            bk["phases"]["verify"]["gpu_ms"]["n"] = n
+    p = _write_windows(tmp_path / "c.jsonl", [a, b])
+    code, out, err = run_cli("compare", str(p), str(p), capsys=capsys)
+    assert code == 0 and "verify gpu ms" in out and "Traceback" not in err
+    b["buckets"][next(iter(b["buckets"]))]["tokens_per_s"] = []  # no figure: left out of the comparison
+    p = _write_windows(tmp_path / "d.jsonl", [a, b])
+    code, out, err = run_cli("compare", str(p), str(p), "--json", capsys=capsys)
+    assert code == 0 and "Traceback" not in err
+
+
+def test_plot_draws_names_with_dollar_signs_as_text(tmp_path, capsys):
+    """A "$" in a phase or setting name was parsed as matplotlib math: ValueError, traceback."""
+    pytest.importorskip("matplotlib")
+    windows = _renamed(V2, 3, "algorithm", "EAGLE $x^$", "w$\\undefined{x}$")
+    p = _write_windows(tmp_path / "p.jsonl", windows)
+    code, _, err = run_cli("report", str(p), "--plot", str(tmp_path / "f.png"), capsys=capsys)
+    assert code == 0 and "figure in" in err and (tmp_path / "f.png").is_file()
+
+
+def _strict(text):
+    def refuse(name):
+        raise ValueError(f"{name} is not JSON")
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_figures_that_overflow_when_merged_are_left_out_with_a_note(tmp_path, capsys):
+    """Each window's figures are finite; their sums are not: --json wrote Infinity (not JSON)
+    and the text inf and inf%. They are left out (null, "-") with a note naming them."""
+    windows = _windows_of(V2, 2)
+    for w in windows:
+        w["seconds"] = 1.7e308
+        for bk in w["buckets"].values():
+            bk["phases"]["verify"]["gpu_ms"]["mean"] = 1e306
+    p = _write_windows(tmp_path / "p.jsonl", windows)
+    code, out, err = run_cli("report", str(p), "--json", capsys=capsys)
+    s = _strict(out)["summary"]
+    assert code == 0 and s["seconds"] is None and s["buckets"]["1"]["phases"]["verify"]["gpu_ms"]["mean"] is None
+    assert err.startswith("sglang-specprof: note: 3 figures of the windows merged overflowed") and err.count("\n") == 1
+    assert "summary.seconds, summary.buckets.1.phases.verify.gpu_ms.mean" in err
+    code, out, err = run_cli("report", str(p), capsys=capsys)
+    assert code == 0 and "inf" not in out.lower() and "nan" not in out.lower() and "in - s," in out
+    code, out, err = run_cli("compare", str(p), str(p), "--json", capsys=capsys)
+    assert code == 0 and _strict(out)["overflowed"] == ["bs 1 verify gpu ms"]
+    assert "1 figure of the comparison overflowed" in err
+    code, out, err = run_cli("compare", str(p), str(p), capsys=capsys)
+    assert code == 0 and "inf" not in out.lower() and "nan" not in out.lower() and "draft gpu ms" in out
+
+
+def test_an_older_profile_says_nothing_of_what_it_did_not_record(capsys, tmp_path):
+    """Schema 1 records no GPU period and no max: the report printed "period - ms GPU (-%
+    between cycles)" and "(max - ms)"; the graph counts were a Python dict printed raw."""
+    code, out, _ = run_cli("report", str(V1), capsys=capsys)
+    assert code == 0 and "period" not in out and "(max" not in out and "{" not in out
+    assert "  bs 1: 1048 cycles, cycle 13.836 ms GPU, host 13.857 ms, accept len 3.00" in out
+    assert "    graph replays: draft 1048, verify 1048, draft_extend 1045; eager: draft 0, verify 0, draft_extend 3; " \
+           "padding 0.00" in out
+    assert "    mean above p99 in draft_prep, draft, verify_prep: fewer than 1 cycle in 100" in out
+    windows = _windows_of(DATA / "exact" / "0.5.16-h" / "profile-s3k1.jsonl.xz", 99)
+    code, out, _ = run_cli("report", str(_write_windows(tmp_path / "p.jsonl", windows)), capsys=capsys)
+    assert code == 0 and "% between cycles), host " in out and " (max " in out
+
+
+def test_the_advisor_footnote_states_the_rule_it_extrapolates_by():
+    inp = story_inputs(advisor.Growth(0.0, 0.0, 0.0, "measured"))
+    inp.steps, inp.per_position = 2, [0.9, 0.6]
+    adv = advisor.predict(inp)
+    text = advisor.format_advice(adv)
+    assert "each further position's rate is the one before it times r, the last measured rate over the one " \
+           "before that (r at most 1" in text
+    a = advisor._acceptance(inp, 4, advisor.CENTRAL)  # the rule the footnote states, r = 0.6 / 0.9
+    assert a == pytest.approx([0.9, 0.6, 0.6 * 2 / 3, 0.6 * (2 / 3) ** 2])
+    assert advisor._acceptance(inp, 4, advisor.HIGH) == pytest.approx([0.9, 0.6, 0.6, 0.6])
+    inp.per_position = [0.7]
+    inp.steps = 1
+    assert advisor._acceptance(inp, 3, advisor.CENTRAL) == pytest.approx([0.7, 0.7, 0.7])
+
+
+def test_what_timing_by_phase_adds_is_not_said_from_too_few_cycles_or_within_noise(capsys, tmp_path):
+    """A warm-up bucket of 4 cycles printed "adds 247219.7 us ... 87.12%"; a figure below zero
+    or within the windows' noise printed as if measured (-7.1 us)."""
+    base = _windows_of(DATA / "exact" / "0.5.16-h" / "profile-s3k1.jsonl.xz", 1)[0]
+    key = next(k for k, b in base["buckets"].items() if b["cycles"] >= 20)
+
+    def window(n, timed, whole_ms, timed_ms, number):
+        w = copy.deepcopy(base)
+        w["window"] = number
+        b = w["buckets"][key]
+        w["buckets"] = {key: b}
+        b["cycle_gpu_ms"] = dict(b["cycle_gpu_ms"], n=n, mean=(whole_ms * (n - timed) + timed_ms * timed) / n)
+        b["phase_cycle_gpu_ms"] = dict(b["cycle_gpu_ms"], n=timed, mean=timed_ms)
+        return w
+
+    def line(windows):
+        p = _write_windows(tmp_path / "m.jsonl", windows)
+        code, out, _ = run_cli("report", str(p), capsys=capsys)
+        assert code == 0
+        return next(x for x in out.splitlines() if "timing by phase" in x)
+
+    warm = line([window(4, 1, 1.0, 248.0, 0)])
+    assert "not said: it would rest on 1 cycles timed by phase against 3 timed whole, too few" in warm
+    assert "us" not in warm.split("(")[0] and "%" not in warm
+    noisy = [window(100, 25, 10.0, 10.0 + d, i) for i, d in enumerate((-0.0071, 0.004, -0.009, 0.0085, -0.002))]
+    assert "adds no GPU time to a cycle measurable against the noise" in line(noisy)
+    assert "-7.1" not in line(noisy)
+    steady = [window(100, 25, 10.0, 10.0 + d, i) for i, d in enumerate((0.031, 0.029, 0.030, 0.032, 0.030))]
+    assert "timing by phase adds 30.0 us of GPU time to each cycle it times (median of 5 windows" in line(steady)
+    assert "not said" in line(steady[:2]) and "too few to judge it against the noise" in line(steady[:2])
+
+
+def test_control_characters_in_a_profile_are_shown_escaped(tmp_path, capsys):
+    """A phase name or a setting holding an escape sequence went to the terminal raw (it could
+    recolour, retitle or rewrite the screen); a newline in a name made a line of its own."""
+    windows = _renamed(V2, 3, "worker", "v2\x1b]0;owned\x07", "ver\x1b[2Jify\nfake line")
+    p = _write_windows(tmp_path / "p\x1b[31m.jsonl", windows)
+    for argv in (("report", str(p)), ("compare", str(p), str(V2))):
+        code, out, err = run_cli(*argv, capsys=capsys)
+        assert code == 0
+        text = out + err
+        assert "\x1b" not in text and "\x07" not in text and "fake line" in text
+        assert not any(line.startswith("fake line") for line in text.splitlines())
+        assert "ver\\x1b[2Jify\\x0afake line" in text
+    assert "v2\\x1b]0;owned\\x07" in run_cli("report", str(p), capsys=capsys)[1]
+    code, out, err = run_cli("report", str(p), "--json", capsys=capsys)  # JSON escapes them itself
+    assert code == 0 and "\x1b" not in out and json.loads(out)["summary"]["config"]["worker"] == "v2\x1b]0;owned\x07"
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("\x1b[2J not json\n")
+    code, out, err = run_cli("report", str(bad), capsys=capsys)
+    assert code == 1 and "\x1b" not in err and err.count("\n") == 1
+
+
+def test_a_bucket_name_that_is_no_batch_size_is_refused(tmp_path, capsys):
+    windows = _windows_of(V2, 2)
+    windows[1]["buckets"]["1\n"] = windows[1]["buckets"].pop("1")
+    code, out, err = run_cli("report", str(_write_windows(tmp_path / "p.jsonl", windows)), capsys=capsys)
+    assert code == 1 and err.count("\n") == 1 and "'1\\n' is not a batch-size bucket" in err
+
+
+def test_windows_of_other_runs_are_merged_apart_and_repeats_counted_once(tmp_path, capsys):
+    """Ranks 0 and 3, releases 0.5.16 and 0.5.12, 3 and 5 steps were merged into one summary
+    under "rank 0"; a window repeated was counted twice."""
+    a = _windows_of(V2, 4)
+    b = copy.deepcopy(a)
+    for w in b:
+        w["rank"] = 3
+        w["config"].update(sglang="0.5.12-other", num_steps=5)
+    p = _write_windows(tmp_path / "p.jsonl", a + b)
+    code, out, err = run_cli("report", str(p), capsys=capsys)
+    assert code == 0 and err.count("\n") == 1
+    assert "note: the profile holds windows of 2 runs that differ in their settings (rank 0 and 3, num_steps 3 and " \
+           "5, sglang " in err
+    assert out.startswith("== run 1 of 2: rank 0, num_steps 3, sglang ") and "\n== run 2 of 2: rank 3, num_steps 5" in out
+    assert "window 0-3 rank 0: 400 decode cycles" in out and "window 0-3 rank 3: 400 decode cycles" in out
+    code, out, err = run_cli("report", str(p), "--json", capsys=capsys)
+    data = json.loads(out)
+    assert data["summary"]["decode_cycles"] == 400 and data["summary"]["rank"] == 0
+    assert [r["summary"]["rank"] for r in data["other_runs"]] == [3]
+    assert data["runs_differ"]["num_steps"] == [3, 5]
+    p = _write_windows(tmp_path / "twice.jsonl", a + a)  # a file put together with itself
+    code, out, err = run_cli("report", str(p), "--json", capsys=capsys)
+    assert code == 0 and json.loads(out)["summary"]["decode_cycles"] == 400 and "other_runs" not in out
+    assert err == f"sglang-specprof: note: {p}: 4 lines repeat an earlier window exactly (line 5, 6, 7 and 1 more): " \
+                  f"counted once.\n"
+
+
+def test_settings_no_server_runs_with_get_no_advice(tmp_path, capsys):
+    """num_steps -2 was advised from: "best: 8 steps"."""
+    windows = _windows_of(V2, 3)
+    for w in windows:
+        w["config"]["num_steps"] = -2
+    p = _write_windows(tmp_path / "p.jsonl", windows)
+    code, out, err = run_cli("report", str(p), "--json", capsys=capsys)
+    assert code == 0 and json.loads(out)["advice"] == {}
+    assert err == "sglang-specprof: note: the profile's num_steps is -2, which no server runs with: no step-count " \
+                  "advice from it\n"
+    code, out, _ = run_cli("report", str(p), capsys=capsys)
+    assert code == 0 and "advisor" not in out
+
+
+def test_a_live_answer_nested_too_deep_or_an_address_with_a_space_is_one_sentence(monkeypatch, capsys):
+    """Both raised in the reading thread (its traceback printed) and then KeyError: 'info'."""
+    import io
+    import threading
+
+    hooked = []
+    monkeypatch.setattr(threading, "excepthook", lambda a: hooked.append(a))
+    deep = b"[" * 100000 + b"]" * 100000
+    monkeypatch.setattr(report.urllib.request, "urlopen", lambda url, timeout=None: io.BytesIO(deep))
+    code, out, err = run_cli("report", "http://127.0.0.1:1", capsys=capsys)
+    assert code == 1 and err == "sglang-specprof: error: cannot read http://127.0.0.1:1/server_info: its answer is " \
+                                "JSON nested too deep to be server info\n"
+    monkeypatch.undo()
+    for url in ("http://127.0.0.1:1/a b", "http://127.0.0.1:1/\x01", "http://127.0.0.1:1\n"):
+        code, out, err = run_cli("report", url, capsys=capsys)
+        assert code == 1 and err.count("\n") == 1 and "is not a server's address: it holds a space or a control" in err
+    assert not hooked
+
+
+def test_plot_of_thousands_of_buckets_or_positions_draws_a_bounded_figure(tmp_path):
+    """2,000 buckets took 248 s and 700 MB, 3M per-position entries past 300 s: the figure
+    draws the buckets with the most cycles and the first positions, and says what it left out."""
+    import time
+
+    pytest.importorskip("matplotlib")
+    from sglang_specprof import plot as plot_mod
+
+    summary = report.summarize(report.load(str(V2))[0])
+    one = summary["buckets"]["3-4"]
+    summary["buckets"] = {f"{n}": dict(one, cycles=n) for n in range(1, 2001)}
+    summary["buckets"]["7"] = dict(one, cycles=5000, accept=dict(one["accept"], per_position=[0.5] * 3_000_000))
+    t0 = time.monotonic()
+    drawn = plot_mod.plot(summary, str(tmp_path / "f.png"))
+    assert time.monotonic() - t0 < 60 and (tmp_path / "f.png").is_file()
+    assert len(drawn["cycle_ms"]) == plot_mod.PLOT_BUCKETS and "7" in drawn["cycle_ms"] and "1" not in drawn["cycle_ms"]
+    assert len(drawn["per_position"]["7"]) == plot_mod.PLOT_POSITIONS
+    assert drawn["left_out"] == [f"{2000 - plot_mod.PLOT_BUCKETS} of 2000 batch-size buckets (those with the fewest "
+                                 f"cycles)", "draft positions past 32 (of 3000000)"]
+
+
+@pytest.mark.parametrize("command", ["report", "compare"])
+def test_a_fifo_is_refused_without_waiting_on_it(tmp_path, command):
+    fifo = tmp_path / "p.jsonl"
+    os.mkfifo(fifo)
+    argv = [str(fifo)] if command == "report" else [str(V2), str(fifo)]
+    proc = subprocess.run([sys.executable, "-m", "sglang_specprof", command, *argv], capture_output=True, text=True,
+                          timeout=30, env=dict(os.environ, PYTHONPATH=str(Path(report.__file__).parent.parent)))
+    assert proc.returncode == 1 and proc.stdout == "" and proc.stderr.count("\n") == 1
+    assert f"{fifo} is not a regular file (a FIFO, a device or a socket)" in proc.stderr

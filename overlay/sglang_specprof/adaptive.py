@@ -91,7 +91,8 @@ def upstream_config(summary: dict, advice: dict, margin: float = DEFAULT_MARGIN,
 
 def notes(cfg: dict) -> list[str]:
     """A line for each bucket whose candidates were all predicted beyond the profiled steps,
-    where the acceptance is an extrapolation (the advisor holds the last measured position)."""
+    where the acceptance is an extrapolation (the advisor's central figure goes on falling as it fell
+    over the last two measured positions)."""
     meta = cfg.get("specprof", {})
     out = []
     for key, b in meta.get("buckets", {}).items():

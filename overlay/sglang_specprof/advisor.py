@@ -353,7 +353,9 @@ def format_advice(adv: dict) -> str:
     if adv.get("profile_next") is not None:
         lines.append(f"  profile next at --speculative-num-steps {adv['profile_next']}: the best predicted lies "
                      f"beyond the draft positions measured, where acceptance is extrapolated")
-    lines.append("  * beyond the measured draft positions: acceptance there goes on falling as over the last two "
-                 "measured (low: 0; high: the last held)")
+    lines.append("  * beyond the measured draft positions, where acceptance is extrapolated: each further position's "
+                 "rate is the one before it times r, the last measured rate over the one before that (r at most 1: "
+                 "a rise is held level; with one position measured, r = 1); low: 0; high: the last measured rate "
+                 "held")
     lines += [f"  note: {n}" for n in adv["notes"]]
     return "\n".join(lines)

@@ -47,10 +47,9 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def _print(text: str, file=None) -> None:
-    """What the commands show, its control characters escaped: a phase name, a setting or a
-    path in a profile (or a live server's answer) cannot drive the terminal."""
-    print(printable(text), file=file)
+def _say(line: str) -> None:
+    """A line on stderr, its control characters escaped (a profile's names, a path, go into it)."""
+    print(f"sglang-specprof: {printable(line)}", file=sys.stderr)
 
 
 def _write(path: str, text: str) -> None:
@@ -61,6 +60,41 @@ def _write(path: str, text: str) -> None:
         raise report.SourceError(f"cannot write {path}: {e.strerror}") from None
 
 
+def _same_file(a: str, b: str) -> bool:
+    """Whether paths `a` and `b` name one file (a link, a hard link, another spelling)."""
+    try:
+        if os.path.samefile(a, b):
+            return True
+    except (OSError, ValueError):
+        pass
+    return os.path.realpath(a) == os.path.realpath(b)
+
+
+def _check_outputs(args) -> None:
+    """Refuse an output path that is the profile read, or another output's: writing it would
+    overwrite what was read (or what another option wrote) without a word."""
+    outs = [(f"--{k.replace('_', '-')}", getattr(args, k)) for k in ("trace", "adaptive_config", "plot")
+            if getattr(args, k)]
+    local = not args.source.startswith(("http://", "https://"))
+    for i, (flag, path) in enumerate(outs):
+        if local and _same_file(path, args.source):
+            raise report.SourceError(f"{flag} {path} is the profile being read: writing it would overwrite the "
+                                     f"profile; give another path")
+        for other, there in outs[:i]:
+            if _same_file(path, there):
+                raise report.SourceError(f"{flag} and {other} name the same file ({path}): give each its own")
+
+
+def _plot_path(path: str) -> str:
+    ext = os.path.splitext(path)[1].lower().lstrip(".")
+    if not ext:
+        return path + ".png"  # what matplotlib writes for a name without one: say so
+    if ext not in PLOT_FORMATS:
+        raise report.SourceError(f"--plot {path}: .{ext} is not a figure format; use one of "
+                                 f"{', '.join('.' + f for f in PLOT_FORMATS)}")
+    return path
+
+
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
     try:
@@ -69,25 +103,46 @@ def main(argv=None) -> int:
                 raise report.SourceError("--last must be 1 or more")
             if not 0 <= args.adaptive_margin < 100:
                 raise report.SourceError("--adaptive-margin must be at least 0 and below 100 (a percentage)")
-            # the windows are merged as they are read: only the merge (and, for --trace, each
-            # window's sampled cycles) is held, whatever the profile's length
-            merge, traced, notes = report.Merge(), deque(maxlen=TRACE_WINDOWS), []
+            if args.plot:
+                args.plot = _plot_path(args.plot)
+            _check_outputs(args)
+            # the windows are merged as they are read: only the merges (and, for --trace, each
+            # window's sampled cycles) are held, whatever the profile's length
+            runs, traced, notes = report.Runs(), deque(maxlen=TRACE_WINDOWS), []
             for w in report.stream(args.source, args.last, notes):
-                merge.add(w)
+                runs.add(w, args.source)
                 if args.trace:
                     traced.append(trace_fields(w))
+            if len(runs.merges) > 1:
+                notes.append(runs.note())
+            lost: list = []
+            try:
+                done = []  # (summary, advice, by step count) of each run
+                for i, merge in enumerate(runs.merges.values()):
+                    summary = report.finite(merge.result(), "summary" if not i else f"other_runs[{i - 1}]", lost)
+                    done.append((summary, report.finite(report.advise(summary), "advice", lost),
+                                 report.by_steps(summary)))  # an adaptive profile: what each step count measured
+                    notes += [n for n in report.config_problems(summary["config"]) if n not in notes]
+                if args.json:
+                    outs = []
+                    for summary, advice, measured in done:
+                        outs.append({"summary": summary, "advice": advice, **({"by_steps": measured} if measured
+                                                                              else {})})
+                    out = dict(outs[0], **({"other_runs": outs[1:], "runs_differ": runs.differ()}
+                                           if len(outs) > 1 else {}))
+                    text = json.dumps(out, indent=1, allow_nan=False)
+                elif len(done) == 1:
+                    text = report.render(*done[0][:2])
+                else:
+                    text = "\n".join(f"{runs.header(i)}\n{report.render(s, a)}" for i, (s, a, _) in enumerate(done))
+            except report.UNREADABLE as e:
+                raise report.unmergeable(args.source, e) from None
             for n in notes:
-                _print(f"sglang-specprof: note: {n}", file=sys.stderr)
-            summary = merge.result()
-            advice = report.advise(summary)
-            measured = report.by_steps(summary)  # an adaptive profile: what each step count measured
-            if args.json:
-                out = {"summary": summary, "advice": advice}
-                if measured:
-                    out["by_steps"] = measured
-                _print(json.dumps(out, indent=1))
-            else:
-                _print(report.render(summary, advice))
+                _say(f"note: {n}")
+            if lost:
+                _say(f"note: {report.overflow_note(lost)}")
+            print(text)
+            summary, advice, measured = done[0]
             if args.adaptive_config:
                 conf = adaptive.upstream_config(summary, advice, args.adaptive_margin / 100, args.source,
                                                 measured=measured)
@@ -98,46 +153,48 @@ def main(argv=None) -> int:
                 tiers = ", ".join(f"bs {k}+: {v['candidate_steps']}" for k, v in conf.items() if k.isdigit())
                 top = max(s for k, v in conf.items() if k.isdigit() for s in v["candidate_steps"])
                 # SGLang sizes its graph buffers by the launch step count: a larger candidate stops it at capture
-                _print(f"sglang-specprof: adaptive config in {args.adaptive_config} ({tiers}); serve with "
-                      f"--speculative-adaptive --speculative-adaptive-config {args.adaptive_config} "
-                      f"--speculative-num-steps {top} --speculative-num-draft-tokens {top + 1} (the largest candidate: "
-                      f"SGLang sizes its graph buffers by the launch step count)", file=sys.stderr)
+                _say(f"adaptive config in {args.adaptive_config} ({tiers}); serve with "
+                     f"--speculative-adaptive --speculative-adaptive-config {args.adaptive_config} "
+                     f"--speculative-num-steps {top} --speculative-num-draft-tokens {top + 1} (the largest candidate: "
+                     f"SGLang sizes its graph buffers by the launch step count)")
                 for n in adaptive.notes(conf):
-                    _print(f"sglang-specprof: note: {n}", file=sys.stderr)
+                    _say(f"note: {n}")
             if args.trace:
                 tr = trace(list(traced))
                 if not tr["otherData"]["cycles"]:
                     raise report.SourceError(f"{args.source} holds no sampled cycles to trace "
                                              f"(it was written by a build that did not keep them)")
                 _write(args.trace, json.dumps(tr))
-                of = (f", the sampled cycles of the last {TRACE_WINDOWS} of {merge.count} windows (--last N "
-                      f"for others)" if merge.count > TRACE_WINDOWS else "")
-                _print(f"sglang-specprof: trace of {tr['otherData']['cycles']} cycles in {args.trace}{of} "
-                      f"(open it in ui.perfetto.dev or chrome://tracing)", file=sys.stderr)
+                of = (f", the sampled cycles of the last {TRACE_WINDOWS} of {runs.count} windows (--last N "
+                      f"for others)" if runs.count > TRACE_WINDOWS else "")
+                _say(f"trace of {tr['otherData']['cycles']} cycles in {args.trace}{of} "
+                     f"(open it in ui.perfetto.dev or chrome://tracing)")
             if args.plot:
-                ext = os.path.splitext(args.plot)[1].lower().lstrip(".")
-                if not ext:
-                    args.plot += ".png"  # what matplotlib writes for a name without one: say so
-                elif ext not in PLOT_FORMATS:
-                    raise report.SourceError(f"--plot {args.plot}: .{ext} is not a figure format; use one of "
-                                             f"{', '.join('.' + f for f in PLOT_FORMATS)}")
-
                 try:
-                    plot(summary, args.plot)
+                    drawn = plot(summary, args.plot)
                 except RuntimeError as e:
                     raise report.SourceError(str(e)) from None
                 except OSError as e:
                     raise report.SourceError(f"cannot write {args.plot}: {e.strerror}") from None
-                _print(f"sglang-specprof: figure in {args.plot}", file=sys.stderr)
+                _say(f"figure in {args.plot}")
+                if drawn["left_out"]:
+                    _say(f"note: the figure leaves out {' and '.join(drawn['left_out'])}")
         else:
             (wa, na), (wb, nb) = report.load(args.a, keep=compare_mod.fields), report.load(args.b, keep=compare_mod.fields)
             for n in na + nb:
-                _print(f"sglang-specprof: note: {n}", file=sys.stderr)
-            result = compare_mod.compare(wa, wb)
-            _print(json.dumps(result, indent=1) if args.json else compare_mod.format_compare(result, args.a, args.b))
+                _say(f"note: {n}")
+            try:
+                result = compare_mod.compare(wa, wb)
+                text = (json.dumps(result, indent=1, allow_nan=False) if args.json
+                        else compare_mod.format_compare(result, args.a, args.b))
+            except report.UNREADABLE as e:
+                raise report.unmergeable(f"{args.a} and {args.b}", e) from None
+            if result["overflowed"]:
+                _say(f"note: {report.overflow_note(result['overflowed'], 'the comparison', 'not in the table')}")
+            print(text)
         return 0
     except (ProfileError, report.SourceError) as e:
-        _print(f"sglang-specprof: error: {e}", file=sys.stderr)
+        _say(f"error: {e}")
         return 1
     except BrokenPipeError:
         return 0

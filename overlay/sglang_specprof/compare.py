@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 
+from .table import escaped, printable
 from .window import bucket_order, bucket_steps
 
 MIN_WINDOWS = 3
@@ -42,8 +43,14 @@ def fields(w: dict) -> dict:
                         for key, b in w["buckets"].items()}}
 
 
+def _number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
 def _weight(n) -> float:
-    return float(n) if n else 1.0  # a figure without its count (an old profile) counts once
+    # a figure without its count (an old profile) counts once; so does one with an impossible
+    # count (below 1), which would weigh against the others (and their sum could be 0)
+    return float(n) if _number(n) and n >= 1 else 1.0
 
 
 def _phase(name):
@@ -64,7 +71,8 @@ def _accept(b):
 
 def _rate(b):
     t, c = b.get("tokens_per_s"), b["accept"].get("committed_tokens")
-    return t, (c / t if t and c else 1.0)  # weighted by decode time: sum(tokens) / sum(time), as report
+    # weighted by decode time: sum(tokens) / sum(time), as report
+    return t, (c / t if _number(t) and t > 0 and _number(c) and c > 0 else 1.0)
 
 
 def _window_values(windows, key, get):
@@ -73,7 +81,7 @@ def _window_values(windows, key, get):
         b = w["buckets"].get(key)
         if b and b["cycles"]:
             v, wt = get(b)
-            if v is not None:
+            if _number(v) and _number(wt) and wt > 0:
                 vals.append((v, wt))
     return vals
 
@@ -120,7 +128,7 @@ def compare(a: list[dict], b: list[dict]) -> dict:
         a, b = (a, _at_steps(b)) if _adaptive(a) else (_at_steps(a), b)
     ka = {k for w in a for k, bk in w["buckets"].items() if bk["cycles"]}
     kb = {k for w in b for k, bk in w["buckets"].items() if bk["cycles"]}
-    out = {"settings_differ": settings_differ(a, b), "buckets": {}, "only_in": {},
+    out = {"settings_differ": settings_differ(a, b), "buckets": {}, "only_in": {}, "overflowed": [],
            "buckets_only_in": {"a": sorted(ka - kb, key=bucket_order), "b": sorted(kb - ka, key=bucket_order)}}
     for key in sorted(ka & kb, key=bucket_order):
         seen = {}
@@ -147,6 +155,11 @@ def compare(a: list[dict], b: list[dict]) -> dict:
                 continue
             delta = mb - ma
             noise = None if sa is None or sb is None else 2 * math.sqrt(sa ** 2 + sb ** 2)
+            if not all(math.isfinite(x) for x in (ma, mb, delta, delta / ma if ma else 0.0)):
+                out["overflowed"].append(f"bs {key} {label}")  # windows' figures too large to add up
+                continue
+            if noise is not None and not math.isfinite(noise):
+                noise = None
             if abs(delta) < NO_CHANGE_ABS or (ma and abs(delta / ma) < NO_CHANGE_REL):
                 verdict = "no change"
             elif len(va) < MIN_WINDOWS or len(vb) < MIN_WINDOWS or noise is None:
@@ -162,6 +175,8 @@ def compare(a: list[dict], b: list[dict]) -> dict:
 
 
 def format_compare(result: dict, name_a: str, name_b: str) -> str:
+    # the profiles' names and settings as text: a control character in one is shown, not acted on
+    result, name_a, name_b = escaped(result), printable(name_a), printable(name_b)
     lines = [f"compare A = {name_a}  B = {name_b}  (A and B as `report` prints them; noise: 2 x the combined "
              f"standard error of the window figures)"]
     diff = result.get("settings_differ") or {}

@@ -5,6 +5,10 @@ from __future__ import annotations
 from .kernels import CLASSES
 
 
+PLOT_BUCKETS = 24  # batch-size buckets drawn at most (bars and legends of thousands take minutes and GBs)
+PLOT_POSITIONS = 32  # draft positions drawn at most
+
+
 def plot(summary: dict, path: str) -> dict:
     """Write the figure to `path`; returns the numbers it drew (for checking)."""
     try:
@@ -15,7 +19,19 @@ def plot(summary: dict, path: str) -> dict:
     except ImportError:
         raise RuntimeError("--plot needs matplotlib: pip install matplotlib (or 'sglang-specprof[plot]' with the "
                            "analysis wheel)") from None
+    # the labels are the profile's own names (phases, settings): a "$" in one is text, not math
+    with plt.rc_context({"text.parse_math": False, "text.usetex": False}):
+        return _draw(plt, summary, path)
+
+
+def _draw(plt, summary: dict, path: str) -> dict:
     buckets = {k: b for k, b in summary["buckets"].items() if b["cycles"]}
+    left_out = []
+    if len(buckets) > PLOT_BUCKETS:  # the buckets with the most cycles, in their order
+        most = sorted(buckets, key=lambda k: -buckets[k]["cycles"])[:PLOT_BUCKETS]
+        left_out.append(f"{len(buckets) - PLOT_BUCKETS} of {len(buckets)} batch-size buckets (those with the fewest "
+                        f"cycles)")
+        buckets = {k: b for k, b in buckets.items() if k in most}
     keys = list(buckets)
     names = []
     for b in buckets.values():
@@ -53,13 +69,15 @@ def plot(summary: dict, path: str) -> dict:
     handles, labels = ax1.get_legend_handles_labels()
     ax1.legend(handles[::-1], labels[::-1], fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))  # top phase first
     for key in keys:
-        rates = buckets[key]["accept"]["per_position"]
+        rates = buckets[key]["accept"]["per_position"][:PLOT_POSITIONS]
         xs = [i + 1 for i, a in enumerate(rates) if a is not None]
         ys = [a for a in rates if a is not None]
         ax2.plot(xs, ys, marker="o", label=f"bs {key}")
         drawn["per_position"][key] = ys
-    most = max((len(b["accept"]["per_position"]) for b in buckets.values()), default=1)
-    ax2.set_xticks(range(1, most + 1))
+    longest = max((len(b["accept"]["per_position"]) for b in buckets.values()), default=1)
+    if longest > PLOT_POSITIONS:
+        left_out.append(f"draft positions past {PLOT_POSITIONS} (of {longest})")
+    ax2.set_xticks(range(1, min(longest, PLOT_POSITIONS) + 1))
     ax2.set_ylim(-0.05, 1.05)
     ax2.set_title("Acceptance by draft position\n(given all earlier drafts accepted)")
     ax2.set_xlabel("draft position")
@@ -80,6 +98,7 @@ def plot(summary: dict, path: str) -> dict:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+    drawn["left_out"] = left_out
     return drawn
 
 

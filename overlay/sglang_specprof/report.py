@@ -7,6 +7,7 @@ import math
 import json
 import re
 import statistics
+import sys
 import threading
 import urllib.error
 import urllib.parse
@@ -16,7 +17,7 @@ from collections import deque
 
 from . import advisor, compare, kernels, schema, window
 from .window import rounded as _r
-from .table import cap_lines, format_summary  # noqa: F401  (cap_lines: part of report's interface)
+from .table import cap_lines, escaped, format_summary  # noqa: F401  (cap_lines: part of report's interface)
 from .trace import trace
 
 
@@ -25,12 +26,17 @@ class SourceError(ValueError):
 
 
 # what a field of the wrong type raises somewhere in the report (the schema checks the shape only)
-_UNREADABLE = (TypeError, KeyError, ValueError, AttributeError, IndexError, OverflowError, ZeroDivisionError,
+UNREADABLE = _UNREADABLE = (TypeError, KeyError, ValueError, AttributeError, IndexError, OverflowError, ZeroDivisionError,
                RecursionError)
 
 
 URL_SECONDS = 30  # a live server's whole answer, not each read
 MAX_ANSWER = 64 << 20
+
+
+def _why(e: BaseException) -> str:
+    first = (str(e).strip().splitlines() or [""])[0][:120]
+    return f"{type(e).__name__}: {first}"
 
 
 def ordinal(n: int) -> str:
@@ -49,10 +55,24 @@ def readable(windows, source: str):
             json.dumps(s, allow_nan=False)
             json.dumps(trace([w]), allow_nan=False)
         except _UNREADABLE as e:
-            first = (str(e).strip().splitlines() or [""])[0][:120]
-            raise SourceError(f"{source}: window {w.get('window', i)!r} (the {ordinal(i + 1)} read) holds a value the "
-                              f"report cannot use ({type(e).__name__}: {first})") from None
+            raise SourceError(f"{source}: window {w.get('window', i)!r} (the {ordinal(i + 1)} read) holds a value "
+                              f"the report cannot use ({_why(e)})") from None
         yield w
+
+
+def add_window(merge: "Merge", w: dict, source: str) -> None:
+    """`merge.add(w)`, a value of another type than the windows before it held (each window
+    alone passed `readable`) named in one sentence."""
+    try:
+        merge.add(w)
+    except _UNREADABLE as e:
+        raise SourceError(f"{source}: window {w.get('window')!r} holds a value of another kind than the windows "
+                          f"before it, which the report cannot merge ({_why(e)})") from None
+
+
+def unmergeable(source: str, e: BaseException) -> SourceError:
+    """The sentence for windows that each read alone and together hold values the report cannot use."""
+    return SourceError(f"{source}: its windows hold values that the report cannot put together ({_why(e)})")
 
 
 def _server_info(url: str) -> dict:
@@ -68,19 +88,21 @@ def _server_info(url: str) -> dict:
                 box["error"] = f"its answer is over {MAX_ANSWER >> 20} MiB"
             else:
                 box["info"] = json.loads(body)
+        except RecursionError:
+            box["error"] = "its answer is JSON nested too deep to be server info"
         except urllib.error.HTTPError as e:
             loop = "infinite loop" in str(e)  # urllib's message for it runs over three lines
             box["error"] = f"it redirects in a loop (HTTP {e.code})" if loop else f"HTTP {e.code} {e.reason}"
-        except (OSError, ValueError) as e:
-            box["error"] = " ".join(str(e).split())  # one line, whatever the library wrote
+        except Exception as e:  # noqa: BLE001  (any failure here is said in one sentence, not a thread's traceback)
+            box["error"] = " ".join(str(e).split())[:200] or type(e).__name__  # one line
 
     t = threading.Thread(target=get, name="specprof-url", daemon=True)
     t.start()
     t.join(URL_SECONDS)
     if t.is_alive():
         raise SourceError(f"cannot read {url}: no whole answer within {URL_SECONDS} s")
-    if "error" in box:
-        raise SourceError(f"cannot read {url}: {box['error']}")
+    if "info" not in box:
+        raise SourceError(f"cannot read {url}: {box.get('error', 'no answer')}")
     return box["info"]
 
 
@@ -97,6 +119,8 @@ def _server_url(source: str) -> str | None:
 
 
 def _live(source: str) -> list[dict]:
+    if re.search(r"[\s\x00-\x1f\x7f-\x9f]", source):
+        raise SourceError(f"{source!r} is not a server's address: it holds a space or a control character")
     url = _server_url(source)
     info = _server_info(url)
     if not isinstance(info, dict) or not isinstance(info.get("internal_states") or [], list):
@@ -124,9 +148,9 @@ def stream(source: str, last: int | None = None, notes: list | None = None, keep
         if _server_url(source) is not None:
             got = _live(source)
         else:
-            got = schema.iter_windows(source, skip_torn=True, notes=notes)
+            got = schema.iter_windows(source, skip_torn=True, notes=notes, drop_repeats=True)
             if last:
-                got = deque(got, maxlen=last)
+                got = deque(got, maxlen=min(last, sys.maxsize))  # a larger N: every window
         for w in readable(got, source):
             seen += 1
             yield w if keep is None else keep(w)
@@ -143,6 +167,28 @@ def stream(source: str, last: int | None = None, notes: list | None = None, keep
         raise SourceError(f"{source}: out of memory while reading it") from None
     if not seen:
         raise SourceError(f"{source} holds no profile window")
+
+
+def finite(obj, where: str = "", lost: list | None = None):
+    """`obj` with each number that is not finite (a sum of windows past the largest float, and
+    what was figured from it) as None, and the paths of those (`lost`): what strict JSON
+    writes, and what the text shows as "-" rather than inf or nan."""
+    lost = [] if lost is None else lost
+    if isinstance(obj, float) and not math.isfinite(obj):
+        lost.append(where or "(the figure)")
+        return None
+    if isinstance(obj, dict):
+        return {k: finite(v, f"{where}.{k}" if where else str(k), lost) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [finite(v, f"{where}[{i}]", lost) for i, v in enumerate(obj)]
+    return obj
+
+
+def overflow_note(lost: list, what: str = "the windows merged", left: str = "shown as - (null in --json)") -> str:
+    shown = ", ".join(lost[:4]) + (f" and {len(lost) - 4} more" if len(lost) > 4 else "")
+    n = f"{len(lost)} figures" if len(lost) > 1 else "1 figure"
+    return (f"{n} of {what} overflowed (past the largest number a float holds: the profile's figures are too "
+            f"large to add up) and {'are' if len(lost) > 1 else 'is'} left out, {left}: {shown}.")
 
 
 def load(source: str, last: int | None = None, keep=None) -> tuple[list[dict], list[str]]:
@@ -222,6 +268,28 @@ def marks_added(b: dict):
     return detail["mean"] - whole
 
 
+MARKS_MIN_CYCLES = 20  # cycles of each kind (timed by phase, timed whole) the figure of what timing adds needs
+MARKS_MIN_WINDOWS = 3  # windows whose differences give the noise it is judged against
+
+
+def _marks_judged(diffs, cycles, added: float) -> dict:
+    """Whether the median of the windows' differences (`added`) says what timing by phase adds:
+    "too few cycles" (a warm-up bucket of a few cycles), "too few windows" to judge the noise,
+    "within noise" (no more than twice the median's standard error from the windows' spread:
+    below zero too), else "measured"."""
+    k = len(diffs)
+    if min(cycles) < MARKS_MIN_CYCLES:
+        return {"noise_gpu_ms": None, "judged": "too few cycles"}
+    if k < MARKS_MIN_WINDOWS:
+        return {"noise_gpu_ms": None, "judged": "too few windows"}
+    # the median's standard error from the windows' spread, robustly (a window with a stall in it
+    # must not widen it): 1.4826 x the median absolute deviation for the deviation, 1.2533 / sqrt(k)
+    # for a median of k
+    mad = statistics.median(abs(d - added) for d in diffs)
+    noise = 2 * 1.2533 * 1.4826 * mad / math.sqrt(k)
+    return {"noise_gpu_ms": _r(noise), "judged": "within noise" if added <= noise else "measured"}
+
+
 def _sum_into(out: list, xs) -> None:
     for i, c in enumerate(xs):
         while len(out) <= i:
@@ -252,6 +320,7 @@ class _Bucket:
         self.padding: list = []  # (padding_mean, cycles) of each window
         # each window's cycles timed by phase against those timed whole (ms of GPU span)
         self.marks = array("d")
+        self.marks_cycles = [0, 0]  # the cycles timed by phase, and whole, of the windows in `marks`
 
     def add(self, b: dict) -> None:
         self.cycles += b["cycles"]
@@ -268,6 +337,9 @@ class _Bucket:
         diff = marks_added(b)
         if diff is not None:
             self.marks.append(diff)
+            nd = b["phase_cycle_gpu_ms"]["n"]
+            self.marks_cycles[0] += nd
+            self.marks_cycles[1] += b["cycle_gpu_ms"]["n"] - nd
         for i, s in enumerate(b["draft_steps_gpu_ms"]):
             if len(self.steps) <= i:
                 self.steps.append(_Stats())
@@ -325,7 +397,8 @@ class _Bucket:
         if self.marks and cyc["n"] and timed["n"] and cyc["mean"]:
             added = statistics.median(self.marks)
             marks = {"gpu_ms": _r(added), "windows": len(self.marks),
-                     "share_of_all": _r(added * timed["n"] / cyc["n"] / cyc["mean"])}
+                     "share_of_all": _r(added * timed["n"] / cyc["n"] / cyc["mean"]),
+                     "cycles": list(self.marks_cycles), **_marks_judged(self.marks, self.marks_cycles, added)}
         return {
             "cycles": self.cycles,
             "prefill_cycles": self.prefill_cycles,
@@ -439,6 +512,62 @@ class Merge:
         return s
 
 
+RUN_FIELDS = ("rank",) + compare.SETTINGS  # windows that differ in one of these are another run's
+
+
+def run_of(w: dict) -> str:
+    """The key of the run a window belongs to: its rank and settings (what one merge may hold)."""
+    cfg = w.get("config") or {}
+    return json.dumps([w.get("rank", 0)] + [cfg.get(k) for k in compare.SETTINGS], sort_keys=True, default=str)
+
+
+class Runs:
+    """A profile's windows merged by run (`run_of`), in the order the runs first appear: windows
+    of another rank, release or setting (a server restarted onto the same file, two ranks'
+    files put together) are merged apart, not into one summary under the first one's header."""
+
+    def __init__(self):
+        self.merges: dict = {}
+        self.count = 0
+
+    def add(self, w: dict, source: str) -> None:
+        key = run_of(w)
+        m = self.merges.get(key)
+        if m is None:
+            m = self.merges[key] = Merge()
+        add_window(m, w, source)
+        self.count += 1
+
+    def differ(self) -> dict:
+        """{field: [each run's value]} for each field the runs differ in."""
+        firsts = [m.first or {} for m in self.merges.values()]
+        vals = {f: [(x.get("rank") if f == "rank" else (x.get("config") or {}).get(f)) for x in firsts]
+                for f in RUN_FIELDS}
+        return {f: v for f, v in vals.items() if len({json.dumps(x, default=str) for x in v}) > 1}
+
+    def header(self, i: int) -> str:
+        m = list(self.merges.values())[i]
+        what = ", ".join(f"{f} {v[i]}" for f, v in self.differ().items())
+        span = f"windows {m.first.get('window')}-{m.last}" if m.count > 1 else f"window {m.last}"
+        return f"== run {i + 1} of {len(self.merges)}: {what} ({span}, {m.count} windows) =="
+
+    def note(self) -> str:
+        parts = ", ".join(f"{f} {' and '.join(map(str, dict.fromkeys(map(str, v))))}" for f, v in self.differ().items())
+        return (f"the profile holds windows of {len(self.merges)} runs that differ in their settings ({parts}): each "
+                f"is merged and reported on its own, under a header of its own (--json: the first as summary, "
+                f"the others in other_runs; --adaptive-config and --plot: the first)")
+
+
+def config_problems(config: dict) -> list[str]:
+    """Settings no server runs with (a damaged profile): the advisor does not advise from them."""
+    out = []
+    for k, least in (("num_steps", 0), ("topk", 1), ("num_draft_tokens", 1)):
+        v = (config or {}).get(k)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < least):
+            out.append(f"the profile's {k} is {v!r}, which no server runs with: no step-count advice from it")
+    return out
+
+
 def summarize(windows) -> dict:
     m = Merge()
     for w in windows:
@@ -474,7 +603,7 @@ def advise(summary: dict) -> dict:
     steps = summary.get("config", {}).get("num_steps")
     topk = summary.get("config", {}).get("topk")
     out = {}
-    if not steps:
+    if not steps or config_problems(summary.get("config")):
         return out
     fit = advisor.fit_verify(summary.get("verify_points") or [], steps,
                              advisor.draft_tokens(summary.get("config"), steps))
@@ -602,7 +731,29 @@ def format_switches(summary: dict) -> list[str]:
             + f"; {s['gpu_ms'] / 1000.0:.3f} s in all"]
 
 
+def _marks_line(m) -> str | None:
+    """What timing by phase adds to a cycle, or why the profile does not say."""
+    if not m or m["gpu_ms"] is None:
+        return None
+    judged, (timed, whole) = m.get("judged", "measured"), m.get("cycles") or (None, None)
+    if judged == "too few cycles":
+        return (f"what timing by phase adds is not said: it would rest on {timed} cycles timed by phase against "
+                f"{whole} timed whole, too few ({MARKS_MIN_CYCLES} of each at least)")
+    if judged == "too few windows":
+        return (f"what timing by phase adds is not said: {m['windows']} windows hold cycles of both kinds, too few "
+                f"to judge it against the noise ({MARKS_MIN_WINDOWS} at least)")
+    if judged == "within noise":
+        return (f"timing by phase adds no GPU time to a cycle measurable against the noise (those cycles against "
+                f"the ones timed whole, the median of {m['windows']} windows within +-{1000 * m['noise_gpu_ms']:.1f} "
+                f"us of none)")
+    share = "" if m["share_of_all"] is None else f", {100 * m['share_of_all']:.2f}% of all cycles' time"
+    return (f"timing by phase adds {1000 * m['gpu_ms']:.1f} us of GPU time to each cycle it times (median of "
+            f"{m['windows']} windows, those cycles against the ones timed whole){share}")
+
+
 def render(summary: dict, advice: dict) -> str:
+    # a profile's names and settings as text: a control character in one is shown, not acted on
+    summary, advice = escaped(summary), escaped(advice)
     text = [format_summary(summary, advice=advice)]
     text += format_by_steps(by_steps(summary))
     text += format_switches(summary)
@@ -610,11 +761,9 @@ def render(summary: dict, advice: dict) -> str:
     for key, adv in advice.items():
         text.append(f"bs {key} " + advisor.format_advice(adv))
     for key, b in summary.get("buckets", {}).items():
-        m = b.get("phase_marks_added")
-        if m and m["gpu_ms"] is not None:
-            text.append(f"bs {key}: timing by phase adds {1000 * m['gpu_ms']:.1f} us of GPU time to each cycle it times "
-                        f"(median of {m['windows']} windows, those cycles against the ones timed whole), "
-                        f"{100 * m['share_of_all']:.2f}% of all cycles' time")
+        line = _marks_line(b.get("phase_marks_added"))
+        if line:
+            text.append(f"bs {key}: {line}")
     if summary.get("kernels"):
         k = summary["kernels"]  # its table is in format_summary's
         text.append(f"({k['samples']} kernel samples merged; {k['unmatched_kernels']} kernels whose launch the "

@@ -12,7 +12,13 @@ with its number and skipped by `read(..., skip_torn=True)`.
 
 from __future__ import annotations
 
+import gzip
+import hashlib
 import json
+import lzma
+import os
+import stat
+import zlib
 
 SCHEMA = "sglang-specprof/2"
 READS = ("sglang-specprof/1", SCHEMA)  # what a reader takes: this version and the one before
@@ -39,6 +45,10 @@ _ACCEPT = {"verified_requests": int, "mean_length": (int, float, type(None)), "h
 
 class ProfileError(ValueError):
     """A line that is not a profile window; the message names the line."""
+
+
+class NotJSON(ProfileError):
+    """A line that is not JSON at all: a line cut short (a killed writer, a full disk), or another file."""
 
 
 def _type_name(t):
@@ -101,7 +111,7 @@ def parse_line(text: str, where: str = "line") -> dict:
     except RecursionError:
         raise ProfileError(f"{where} is nested too deep to be a profile window.") from None
     except json.JSONDecodeError as e:
-        raise ProfileError(f"{where} is not JSON ({e.msg} at column {e.colno}); the file may be cut short "
+        raise NotJSON(f"{where} is not JSON ({e.msg} at column {e.colno}); the file may be cut short "
                            f"or not a profile.") from None
     bad = problems(obj)
     if bad:
@@ -112,31 +122,143 @@ def parse_line(text: str, where: str = "line") -> dict:
 MAX_LINE = 64 << 20  # a window line is 8-100 KB; a longer one is no window (an endless or binary input)
 
 
-def iter_windows(path: str, skip_torn: bool = False, notes: list | None = None):
+# what a compressed profile starts with (its format is told by these, not by the file's name)
+_MAGIC = ((b"\xfd7zXZ\x00", "xz"), (b"\x1f\x8b", "gz"), (b"\x28\xb5\x2f\xfd", "zst"))
+
+
+def _zstd_open(path: str):
+    try:
+        import zstandard
+    except ImportError:
+        raise ProfileError(f"{path} is compressed with zstd, which needs the zstandard package to read: "
+                           f"pip install zstandard (or decompress it with unzstd).") from None
+    return zstandard.open(path, "rt", encoding="utf-8", errors="replace")
+
+
+def _corrupt_errors() -> tuple:
+    """What reading damaged compressed data raises (zstd's when its package is there)."""
+    errs = (lzma.LZMAError, gzip.BadGzipFile, zlib.error)
+    try:
+        import zstandard
+    except ImportError:
+        return errs
+    return errs + (zstandard.ZstdError,)
+
+
+def open_text(path: str):
+    """`path` as text, decompressed where it is xz, gzip or zstd (told by its first bytes). A
+    file that is not a regular one (a FIFO, a device) is refused before it is opened: opening
+    or reading it could wait forever."""
+    mode = os.stat(path).st_mode
+    if stat.S_ISDIR(mode):
+        raise IsADirectoryError(path)
+    if not stat.S_ISREG(mode):
+        raise ProfileError(f"{path} is not a regular file (a FIFO, a device or a socket): give the profile's file, "
+                           f"decompressed or not.")
+    with open(path, "rb") as f:
+        head = f.read(6)
+    kind = next((k for magic, k in _MAGIC if head.startswith(magic)), None)
+    if kind == "xz":
+        return lzma.open(path, "rt", encoding="utf-8", errors="replace")
+    if kind == "gz":
+        return gzip.open(path, "rt", encoding="utf-8", errors="replace")
+    if kind == "zst":
+        return _zstd_open(path)
+    return open(path, encoding="utf-8", errors="replace")
+
+
+TORN_NOTES = 5  # lines skipped that are named one by one; the rest are counted in one note
+TORN_LEAD = 8  # lines not JSON before any window: the file is not a profile (it is not read on)
+_STARTS = ('{"window"', '{"schema"')  # how a writer's line starts (the key order of 1 and 2)
+
+
+def _after_torn(text: str, where: str):
+    """The whole window that follows a cut one on the same line (a full disk: the cut window's
+    line gets no newline, and the next window's is written on after it), or None."""
+    at = max(text.rfind(k) for k in _STARTS)
+    if at <= 0:
+        return None
+    try:
+        return parse_line(text[at:], where)
+    except ProfileError:
+        return None
+
+
+def iter_windows(path: str, skip_torn: bool = False, notes: list | None = None, drop_repeats: bool = False):
     """The windows of a profile file one at a time, a line at a time: the file is never held
-    whole. A torn last line (no newline: the server stopped mid-write) is skipped with a note
-    appended to `notes` when `skip_torn`; any other bad line raises ProfileError."""
-    with open(path, encoding="utf-8", errors="replace") as f:
-        n = 0
-        while True:
-            text = f.readline(MAX_LINE + 1)
-            if not text:
-                return
-            n += 1
-            where = f"{path} line {n}"
-            if len(text) > MAX_LINE:
-                raise ProfileError(f"{where} is over {MAX_LINE / (1 << 20):g} MiB long: no profile window is; the "
-                                   f"file is not a profile.")
-            if not text.strip():
-                continue
-            try:
-                yield parse_line(text, where)
-            except ProfileError:
-                torn = not text.endswith("\n")  # the writer ends every window with a newline
-                if not (skip_torn and torn):
-                    raise
-                if notes is not None:
-                    notes.append(f"{where} is cut short (the server stopped mid-write); skipped.")
+    whole (an xz, gzip or zstd file is decompressed as it is read). With `skip_torn`, a line
+    that is not JSON (cut short: the server stopped mid-write, or a full disk cut it and the
+    next window was written on after it, which is then read) is skipped with a note appended
+    to `notes`, unless no window is read before TORN_LEAD of them or in the whole file: then
+    the first one's error is raised (the file is not a profile). Any other bad line raises
+    ProfileError. With `drop_repeats`, a line that repeats an earlier one exactly (a file put
+    together with itself, a window appended twice) is counted once, with a note."""
+    n = read = 0
+    torn: list = []  # (line, error) of the lines skipped
+    seen, repeats = set(), []  # the lines' digests; the line numbers of those that repeat one
+    notes = [] if notes is None else notes
+
+    def note(text):
+        if len(torn) <= TORN_NOTES:
+            notes.append(text)
+
+    try:
+        with open_text(path) as f:
+            while True:
+                text = f.readline(MAX_LINE + 1)
+                if not text:
+                    break
+                n += 1
+                where = f"{path} line {n}"
+                if len(text) > MAX_LINE:
+                    raise ProfileError(f"{where} is over {MAX_LINE / (1 << 20):g} MiB long: no profile window is; "
+                                       f"the file is not a profile.")
+                if not text.strip():
+                    continue
+                try:
+                    w = parse_line(text, where)
+                except NotJSON as e:
+                    if not skip_torn:
+                        raise
+                    torn.append((n, e))
+                    if not read and len(torn) >= TORN_LEAD:
+                        raise torn[0][1] from None
+                    w = _after_torn(text, where)
+                    if w is not None:
+                        note(f"{where} holds a window cut short (a full disk?) and then a whole one; the cut "
+                             f"one skipped.")
+                    elif not text.endswith("\n"):  # the writer ends every window with a newline
+                        note(f"{where} is cut short (the server stopped mid-write); skipped.")
+                    else:
+                        note(f"{where} is not JSON (a window cut short, as a full disk leaves); skipped.")
+                    if w is None:
+                        continue
+                    text = text[max(text.rfind(k) for k in _STARTS):]
+                if drop_repeats:
+                    digest = hashlib.blake2b(text.strip().encode("utf-8", "surrogatepass"), digest_size=16).digest()
+                    if digest in seen:
+                        repeats.append(n)
+                        continue
+                    seen.add(digest)
+                read += 1
+                yield w
+    except EOFError:
+        # a compressed file cut short: what it held up to there has been read
+        if not skip_torn:
+            raise ProfileError(f"{path} is compressed and cut short after line {n}.") from None
+        notes.append(f"{path} is compressed and cut short: read up to line {n}, the rest is lost.")
+    except _corrupt_errors() as e:
+        at = f"after line {n}" if n else "at its start"
+        raise ProfileError(f"{path} is damaged compressed data {at} ({e}).") from None
+    if torn and not read:
+        raise torn[0][1]  # nothing in it is a window: not a profile, said of its first line
+    if repeats:
+        lines = ", ".join(map(str, repeats[:3])) + (f" and {len(repeats) - 3} more" if len(repeats) > 3 else "")
+        notes.append(f"{path}: {len(repeats)} {'lines repeat' if len(repeats) > 1 else 'line repeats'} an earlier "
+                     f"window exactly (line {lines}): counted once.")
+    if len(torn) > TORN_NOTES:
+        notes.append(f"{path}: {len(torn) - TORN_NOTES} more lines that are not JSON skipped "
+                     f"(the last, line {torn[-1][0]}).")
 
 
 def read(path: str, skip_torn: bool = False) -> tuple[list[dict], list[str]]:

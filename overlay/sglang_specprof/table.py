@@ -7,15 +7,32 @@ import re
 from .advisor import inputs_from_bucket, predict
 from .kernels import format_block
 
-
-_CONTROL = re.compile(r"[\x00-\x09\x0b-\x1f\x7f-\x9f]")
+# what a terminal acts on rather than shows: C0 and C1 controls (escape sequences, a newline
+# inside a name), and the marks that reorder text (bidirectional overrides)
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 
 
 def printable(text: str) -> str:
-    """`text` with its control characters but the newline escaped (\\x1b, ...): a name or a
-    setting read from outside cannot move the cursor, recolour or clear a terminal showing
-    the log."""
-    return _CONTROL.sub(lambda m: ascii(m.group())[1:-1], str(text))
+    """`text` with each control character written as its escape (\\x1b, \\n, \\u202e)."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m[0]):02x}" if ord(m[0]) < 0x100 else f"\\u{ord(m[0]):04x}", str(text))
+
+
+def escaped(obj):
+    """`obj` with every string in it, keys too, `printable`: what the text output shows of a
+    profile's names and settings."""
+    if isinstance(obj, str):
+        return printable(obj)
+    if isinstance(obj, dict):
+        return {escaped(k): escaped(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [escaped(v) for v in obj]
+    return obj
+
+
+def printable_lines(text: str) -> str:
+    """`text`, line by line, `printable`: a name or a setting read from outside cannot move the
+    cursor, recolour or clear a terminal showing the log."""
+    return "\n".join(printable(line) for line in str(text).split("\n"))
 
 
 def _f(x, nd=3):
@@ -83,9 +100,11 @@ def format_summary(s: dict, pause=None, advice: dict | None = None) -> str:
         pos = " ".join(_f(a, 2) for a in acc["per_position"])
         per = (b.get("cycle_period_gpu_ms") or {}).get("mean")
         share = b.get("between_cycles_share")
+        # the GPU period is not in a profile of schema 1 (nor where no cycle followed another)
+        period = "" if per is None else (f"period {_f(per)} ms GPU"
+                                         + ("" if share is None else f" ({100 * share:.1f}% between cycles)") + ", ")
         lines.append(
-            f"  bs {key}: {b['cycles']} cycles, cycle {_f(b['cycle_gpu_ms']['mean'])} ms GPU, "
-            f"period {_f(per)} ms GPU ({_f(None if share is None else 100 * share, 1)}% between cycles), "
+            f"  bs {key}: {b['cycles']} cycles, cycle {_f(b['cycle_gpu_ms']['mean'])} ms GPU, {period}"
             f"host {_f(b['cycle_wall_ms']['mean'])} ms, "
             f"accept len {_f(acc['mean_length'], 2)} (by position {pos}), {_f(b['tokens_per_s'], 1)} tok/s"
         )
@@ -110,7 +129,8 @@ def format_summary(s: dict, pause=None, advice: dict | None = None) -> str:
             steps = " ".join(_f(st["mean"]) for st in b["draft_steps_gpu_ms"])
             lines.append(f"    draft steps gpu ms: {steps}")
         gr = b["graph"]
-        lines.append(f"    graph replays {gr['replays']} eager {gr['eager']} padding {_f(gr['padding_mean'], 2)}")
+        lines.append(f"    graph replays: {_counts(gr['replays'])}; eager: {_counts(gr['eager'])}; "
+                     f"padding {_f(gr['padding_mean'], 2)}")
         line = _advice_line(b, cfg, None if advice is None else advice.get(key))
         if line:
             lines.append(line)
@@ -123,7 +143,9 @@ def format_summary(s: dict, pause=None, advice: dict | None = None) -> str:
                          f"figures, counted in tok/s")
         rare = [n for n, p in b["phases"].items() if _above_p99(p["gpu_ms"])]
         if rare:
-            parts = ", ".join(f"{n} (max {_f(b['phases'][n]['gpu_ms'].get('max'))} ms)" for n in rare)
+            # the max is not in a profile of schema 1
+            parts = ", ".join(n if b["phases"][n]["gpu_ms"].get("max") is None
+                              else f"{n} (max {_f(b['phases'][n]['gpu_ms']['max'])} ms)" for n in rare)
             lines.append(f"    mean above p99 in {parts}: fewer than 1 cycle in 100 took far longer, mostly "
                          f"the device waiting on the host (a kernel compiled for a new shape, a pause); p50 is "
                          f"the usual cost")
@@ -156,7 +178,14 @@ def format_summary(s: dict, pause=None, advice: dict | None = None) -> str:
         lines.extend("  " + line for line in cap_lines(s))
     except Exception:  # the live log never fails on a field it does not expect
         pass
-    return printable("\n".join(lines))  # phase names and settings come from the profile
+    return printable_lines("\n".join(lines))  # phase names and settings come from the profile
+
+
+def _counts(d) -> str:
+    """{"draft": 1052, "verify": 1052} as "draft 1052, verify 1052"."""
+    if not isinstance(d, dict):
+        return str(d)
+    return ", ".join(f"{k} {v}" for k, v in d.items()) or "none"
 
 
 def _above_p99(st: dict) -> bool:
@@ -168,6 +197,8 @@ def _advice_line(bucket: dict, cfg: dict, adv: dict | None = None) -> str | None
     """One line of the step-count advisor (`adv`, or predicted from the bucket); never raises."""
     try:
         steps = cfg.get("num_steps")
+        if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
+            return None  # no step count (or one no server runs with, a damaged profile): nothing to advise from
         if adv is None:
             inp = inputs_from_bucket(bucket, steps, config=cfg) if steps else None
             if inp is None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -55,10 +56,16 @@ class Cycle:
 GRAPH_KINDS = ("draft", "verify", "draft_extend")  # the forwards that replay a CUDA graph or run eager
 
 
+_BUCKET_KEY = re.compile(r"(\d+)(?:-\d+)?(?:@(\d+))?")
+
+
 def bucket_order(key: str) -> tuple[int, int]:
-    """The sort key of a bucket's name: its smallest batch size, then its step count."""
-    bs, _, steps = key.partition("@")
-    return int(bs.split("-")[0]), int(steps) if steps else -1
+    """The sort key of a bucket's name: its smallest batch size, then its step count. A name
+    that is no bucket's ("1-2", "5-8@3" are) raises ValueError."""
+    m = _BUCKET_KEY.fullmatch(key) if isinstance(key, str) and key.isascii() else None
+    if m is None:
+        raise ValueError(f"{key!r} is not a batch-size bucket")
+    return int(m[1]), int(m[2]) if m[2] is not None else -1
 
 
 def bucket_bs(key: str) -> int:
