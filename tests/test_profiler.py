@@ -502,7 +502,7 @@ def test_log_table_escapes_control_characters(fake):
     w["config"] = dict(w["config"], algorithm="EAGLE3\x1b]0;owned\x07", worker="v2\r")
     text = format_summary(w)
     assert not any(c in text for c in "\x1b\x07\r")
-    assert "    draft\\x1b[2J " in text and "[EAGLE3\\x1b]0;owned\\x07 v2\\r steps=3" in text
+    assert "    draft\\x1b[2J " in text and "[EAGLE3\\x1b]0;owned\\x07 v2\\x0d steps=3" in text
     assert text.count("\n") == format_summary(out[0]).count("\n")  # the newlines between lines stay
 
 
