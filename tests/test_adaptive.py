@@ -1000,3 +1000,21 @@ def test_replayed_on_the_decode_route_run_the_policy_probes_zero_steps_once_and_
     assert sum(s in want for s in tail) >= 0.85 * len(tail), (want, {s: tail.count(s) for s in cands})
     got = sum(fig[s][2] for s in tail) / len(tail)
     assert got >= 0.97 * fig[best][2], (got, {s: f[2] for s, f in fig.items()})
+
+
+def test_where_the_profile_measured_zero_steps_the_advisor_weighs_the_measurement():
+    """On the run with step 0 on the decode kernel, 0 steps measured 16457 tok/s at 65-128
+    requests against 12359 at 3; the verify growth of the drafting step counts had put it at
+    15616 (range 8044-254574) and recommended 2. The 0 row is now the measurement, and it is
+    recommended; at one request, where 0 measured 186 against 415 at 3, it is not."""
+    summary = _summary("0.5.16-closed-loop-decode0")
+    advice = report.advise(summary)
+    adv = advice["65-128@3"]
+    zero = next(r for r in adv["rows"] if r["steps"] == 0)
+    assert zero["measured"] == summary["buckets"]["65-128@0"]["cycles"]
+    assert zero["tokens_per_s"] == zero["low"] == zero["high"] == round(summary["buckets"]["65-128@0"]["tokens_per_s"], 2)
+    assert adv["recommend"] == 0 and adv["best"] == 0
+    one = advice["1@3"]
+    assert one["recommend"] != 0 and next(r for r in one["rows"] if r["steps"] == 0)["measured"]
+    text = report.render(summary, advice)
+    assert "recommended: --speculative-num-steps 0 (speculation off at this batch size), 16457.5 tok/s measured" in text

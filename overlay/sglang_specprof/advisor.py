@@ -157,6 +157,11 @@ def predict(inp: Inputs, ks=range(1, 9)) -> dict | None:
         })
     if not rows:
         return None
+    return _choose(inp, rows, K, g)
+
+
+def _choose(inp: Inputs, rows: list, K: int, g) -> dict:
+    """`predict`'s answer from its rows: the best, the recommendation, the rivals."""
     best = max(rows, key=lambda r: r["tokens_per_s"])
     here = next((r for r in rows if r["steps"] == K), None)
     gain = (best["tokens_per_s"] / here["tokens_per_s"] - 1) if here and here["tokens_per_s"] else None
@@ -176,6 +181,19 @@ def predict(inp: Inputs, ks=range(1, 9)) -> dict | None:
         "verify_ms_per_token": [round(g.per_token, 5), round(g.low, 5), round(g.high, 5)],
         "notes": inp.notes,
     }
+
+
+def with_measured(adv: dict, inp: Inputs, steps: int, tokens_per_s: float, cycles: int,
+                  cycle_ms: float | None = None) -> dict:
+    """`adv` with the row of `steps` replaced by what the profile measured there (the same batch
+    sizes run at that step count, `cycles` of them): low, central and high alike, so that the
+    recommendation weighs a measurement, not the model. Under --speculative-adaptive 0 steps
+    runs another path (no draft; a one-token verify on the decode kernel where zero_step.py
+    applies), which the verify growth of the drafting step counts does not predict."""
+    rows = [dict(r, tokens_per_s=round(tokens_per_s, 2), low=round(tokens_per_s, 2), high=round(tokens_per_s, 2),
+                 extrapolated=False, measured=cycles, cycle_ms=round(cycle_ms, 4) if cycle_ms else r["cycle_ms"])
+            if r["steps"] == steps else r for r in adv["rows"]]
+    return dict(_choose(inp, rows, adv["profiled_steps"], inp.verify_growth()), notes=adv["notes"])
 
 
 def inputs_from_bucket(bucket: dict, steps: int, growth: Growth | None = None, config: dict | None = None
@@ -332,6 +350,8 @@ def format_advice(adv: dict) -> str:
              f"  {'steps':>5} {'tokens':>6} {'E[tok]':>7} {'cycle ms':>9} {'tok/s':>9} {'low':>9} {'high':>9}"]
     for r in adv["rows"]:
         mark = " <- best" if r["steps"] == adv["best"] else (" (profiled)" if r["steps"] == adv["profiled_steps"] else "")
+        if r.get("measured"):
+            mark += f" (measured: {r['measured']} cycles at these batch sizes)"
         ext = "*" if r["extrapolated"] else " "
         lines.append(f"  {r['steps']:>5}{ext}{r['draft_tokens']:>6} {r['expected_tokens']:>7.3f} {r['cycle_ms']:>9.3f} "
                      f"{r['tokens_per_s']:>9.1f} {r['low']:>9.1f} {r['high']:>9.1f}{mark}")
@@ -349,7 +369,8 @@ def format_advice(adv: dict) -> str:
         r = next(x for x in adv["rows"] if x["steps"] == rec)
         lines.append(f"  recommended: --speculative-num-steps {rec}" + (" (speculation off at this batch size)"
                      if rec == 0 else f" --speculative-num-draft-tokens {r['draft_tokens']}")
-                     + f", {r['low']:.1f}-{r['high']:.1f} tok/s against {here['tokens_per_s']:.1f} as profiled")
+                     + (f", {r['tokens_per_s']:.1f} tok/s measured" if r.get("measured") else
+                        f", {r['low']:.1f}-{r['high']:.1f} tok/s") + f" against {here['tokens_per_s']:.1f} as profiled")
     if adv.get("profile_next") is not None:
         lines.append(f"  profile next at --speculative-num-steps {adv['profile_next']}: the best predicted lies "
                      f"beyond the draft positions measured, where acceptance is extrapolated")

@@ -632,6 +632,9 @@ def advise(summary: dict) -> dict:
             continue
         zero = summary["buckets"].get(prefix + "@0") if at else None
         if zero and zero.get("tokens_per_s"):
+            if zero.get("cycles", 0) >= LOCAL_MIN_CYCLES:
+                adv = advisor.with_measured(adv, inp, 0, zero["tokens_per_s"], zero["cycles"],
+                                            (zero.get("cycle_period_gpu_ms") or {}).get("mean"))
             here = next((r for r in adv["rows"] if r["steps"] == at), None)
             rel = f" ({100 * (zero['tokens_per_s'] / here['tokens_per_s'] - 1):+.1f}% against {at} steps as " \
                   f"predicted)" if here and here["tokens_per_s"] else ""
