@@ -341,3 +341,17 @@ def test_pool_refuses_what_would_count_wrongly_and_pools_many_rounds_fast(tmp_pa
     assert time.monotonic() - t0 < 20 and r["rounds"] == 200_000
     lo, hi = r["median_ratio_ci95"]
     assert lo < r["median_ratio"] < hi and hi - lo < 0.001
+
+
+def test_closed_loop_compares_answers_up_to_each_requests_first_difference(monkeypatch):
+    """bench/closed_loop.py's step-0 check: how many requests answered alike, and how many
+    tokens agree before each request's first difference (a later agreement does not count)."""
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    import closed_loop
+
+    a = [[1, 2, 3, 4], [5, 6, 7], [9, 9]]
+    b = [[1, 2, 3, 4], [5, 0, 7], [8, 9]]
+    assert closed_loop.same_answers(a, b) == {"requests": 3, "identical": 1, "tokens_before_first_difference": 5,
+                                              "tokens": 9}
+    assert closed_loop.same_answers([[1, 2, 3]], [[1, 2]]) == {"requests": 1, "identical": 0,
+                                                              "tokens_before_first_difference": 2, "tokens": 3}
