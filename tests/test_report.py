@@ -1121,3 +1121,13 @@ def test_a_fifo_is_refused_without_waiting_on_it(tmp_path, command):
                           timeout=30, env=dict(os.environ, PYTHONPATH=str(Path(report.__file__).parent.parent)))
     assert proc.returncode == 1 and proc.stdout == "" and proc.stderr.count("\n") == 1
     assert f"{fifo} is not a regular file (a FIFO, a device or a socket)" in proc.stderr
+
+
+def test_compare_help_says_what_each_argument_is(capsys):
+    from sglang_specprof import cli
+
+    with pytest.raises(SystemExit) as e:
+        cli.main(["compare", "--help"])
+    out = capsys.readouterr().out
+    assert e.value.code == 0
+    assert "the first run's profile" in out and "compared with A" in out and "as JSON" in out

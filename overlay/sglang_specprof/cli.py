@@ -41,9 +41,9 @@ def parser() -> argparse.ArgumentParser:
                    help="how far below the fastest prediction a step count may be and still be a candidate "
                         "(default %(default)g)")
     c = sub.add_parser("compare", help="what changed from run A to run B, against run-to-run noise")
-    c.add_argument("a")
-    c.add_argument("b")
-    c.add_argument("--json", action="store_true")
+    c.add_argument("a", metavar="A", help="the first run's profile (JSONL, .xz, .gz or .zst)")
+    c.add_argument("b", metavar="B", help="the second run's profile, compared with A bucket by bucket")
+    c.add_argument("--json", action="store_true", help="the comparison as JSON instead of the table")
     return p
 
 
