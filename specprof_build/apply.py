@@ -99,11 +99,7 @@ def apply_series(tree: Path, patches: list[Path], log=print, write: bool = True)
     checked against the file as the patches before it leave it (two patches may touch one file)."""
     if not write:
         with tempfile.TemporaryDirectory(prefix="specprof-check-") as scratch:
-            for rel in sorted({f for patch in patches for f in hunks(patch.read_text())}):
-                if (tree / rel).is_file():
-                    (Path(scratch) / rel).parent.mkdir(parents=True, exist_ok=True)
-                    shutil.copy2(tree / rel, Path(scratch) / rel)
-            apply_series(Path(scratch), patches, log, write=True)
+            apply_to_copy(tree, patches, Path(scratch), log)
         return
     for patch in patches:
         check_one(tree, patch)
@@ -111,6 +107,18 @@ def apply_series(tree: Path, patches: list[Path], log=print, write: bool = True)
         if proc.returncode != 0:
             raise BuildError(f"{patch.name} does not apply: {proc.stderr.strip().splitlines()[-1]}.")
         log(f"apply     {patch.name} ({sum(len(v) for v in hunks(patch.read_text()).values())} hunks, exact)")
+
+
+def apply_to_copy(tree: Path, patches: list[Path], dest: Path, log=print) -> list[str]:
+    """The files the series touches, copied from `tree` into `dest` and patched there; `tree`
+    is left alone. Returns those files (relative paths)."""
+    touched = sorted({f for patch in patches for f in hunks(patch.read_text())})
+    for rel in touched:
+        if (tree / rel).is_file():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(tree / rel, dest / rel)
+    apply_series(dest, patches, log, write=True)
+    return touched
 
 
 def copy_overlay(overlay: Path, tree: Path, files: list[Path], log=print) -> list[str]:

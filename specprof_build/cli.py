@@ -10,7 +10,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from . import analysis, apply, fetch, inplace, rebase, release, repack, upstream
+from . import analysis, apply, fetch, hookmap, inplace, rebase, release, repack, upstream
 from .errors import BuildError
 
 # The one copy into the output folder (a name of its own so that the tests can fill the disk).
@@ -139,22 +139,25 @@ def check(rel, name, source, log) -> None:
     with tempfile.TemporaryDirectory(prefix=f"specprof-build-{os.getpid()}-") as work:
         tree = repack.unpack(source, Path(work) / "tree")
         log(f"unpack    {tree.name}")
-        apply.apply_series(tree, rel.patches, log, write=False)
+        apply.apply_series(tree, rel.patches, log)  # into this check's own temporary tree
+        hookmap.refuse_unbound_in(tree, rel, "nothing was written")
         if not _manifest_agrees(rel, name, source):
             log(f"manifest  {rel.directory.name} has no {inplace.MANIFEST} (a build writes it; --into needs it)")
-    log(f"check     sglang {rel.version}: {len(rel.patches)} patches apply with zero fuzz and zero offset")
+    log(f"check     sglang {rel.version}: {len(rel.patches)} patches apply with zero fuzz and zero offset, "
+        f"and every name their hooks read is bound there")
 
 
 def build_wheel(args, rel, name, source, log) -> Path:
     """The sglang wheel and the analysis wheel into --out (each under a partial name first)."""
-    check_out_dir(args.out)
     fetch.sweep(Path(tempfile.gettempdir()), "specprof-build-")  # left by builds that were killed
-    fetch.sweep(args.out, f".{BUILD_PARTIAL}")
     with tempfile.TemporaryDirectory(prefix=f"specprof-build-{os.getpid()}-") as work:
         work = Path(work)
         tree = repack.unpack(source, work / "tree")
         log(f"unpack    {tree.name}")
         apply.apply_series(tree, rel.patches, log, write=True)
+        hookmap.refuse_unbound_in(tree, rel, "nothing was written")  # before --out or the series folder is written
+        check_out_dir(args.out)
+        fetch.sweep(args.out, f".{BUILD_PARTIAL}")
         if not _manifest_agrees(rel, name, source):  # the upstream hashes of the patched files, for --into
             manifest = inplace.manifest_from_wheel(rel, source)
             (rel.directory / inplace.MANIFEST).write_text(manifest)

@@ -18,10 +18,11 @@ import hashlib
 import json
 import os
 import shutil
+import tempfile
 import zipfile
 from pathlib import Path
 
-from . import apply, release, repack
+from . import apply, hookmap, release, repack
 from .errors import BuildError, quote
 
 MANIFEST = "upstream.sha256"
@@ -352,11 +353,16 @@ def apply_installed(site: Path, rel: release.Release, log) -> list[str]:
     state = info / STATE
     stage, backup = state / "stage", state / "backup"
     try:
-        for f in touched + [record]:
-            for root in (stage, backup):
-                (root / f).parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(site / f, root / f)
-        apply.apply_series(stage, rel.patches, log)
+        # patched and checked outside the site first: a series that does not fit is refused before anything is written
+        with tempfile.TemporaryDirectory(prefix=f"specprof-build-{os.getpid()}-") as scratch:
+            patched = Path(scratch)
+            apply.apply_to_copy(site, rel.patches, patched, log)
+            hookmap.refuse_unbound_in(patched, rel, "nothing was changed")
+            for f in touched + [record]:
+                for root in (stage, backup):
+                    (root / f).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(site / f, backup / f)
+                shutil.copy2(patched / f if f in manifest else site / f, stage / f)
         added = apply.copy_overlay(release.OVERLAY, stage, release.overlay_files(), log)
         clashes = [f for f in added if (site / f).exists()]
         if clashes:

@@ -64,6 +64,13 @@ def _conflict_message(work: Path, onto: str) -> str:
 
 def _finish(work: Path, onto: str, accept_moves: bool, log) -> Path:
     st = _state(work)
+    again = f"then run python build.py rebase --onto {onto} --continue; nothing was written to patches/"
+    dirty = _git(["status", "--porcelain", "--untracked-files=no"], work).stdout.split("\n")
+    dirty = [line[3:] for line in dirty if line.strip()]
+    if dirty:  # the series is exported from the commits: an edit left outside them would be lost
+        raise BuildError(f"{work} has changes that are in no commit ({', '.join(dirty)}); commit each into the "
+                         f"patch it belongs to (git commit --amend, or git rebase -i upstream-{onto}) or drop it "
+                         f"(git checkout -- .), {again}.")
     commits = _git(["rev-list", "--reverse", f"upstream-{onto}..HEAD"], work).stdout.split()
     named = []
     for c in commits:
@@ -71,9 +78,14 @@ def _finish(work: Path, onto: str, accept_moves: bool, log) -> Path:
         name = st["names"].get(subject) or re.sub(r"[^A-Za-z0-9]+", "-", subject).strip("-").lower()[:60] + ".patch"
         named.append((name, export.export_commit(work, c)))
     dropped = sorted(set(st["names"].values()) - {n for n, _ in named})
-    # A hook that still applies but now sits in another function changed meaning.
     touched = _git(["diff", "--name-only", f"upstream-{onto}..HEAD"], work).stdout.split()
-    after = hookmap.hook_map(work, sorted(set(st["files"]) | set(touched)))
+    files = sorted(set(st["files"]) | set(touched))
+    # A hook that merged cleanly can still read a name the new release renamed.
+    hookmap.refuse_unbound(work, files, patches=named, release=onto,
+                           fix=f"correct the commit that added it in {work} (git commit --amend when it is the "
+                               f"last, else git rebase -i upstream-{onto}), {again}")
+    # A hook that still applies but now sits in another function changed meaning.
+    after = hookmap.hook_map(work, files)
     notes = hookmap.moved({k: [tuple(x) for x in v] for k, v in st["hooks"].items()}, after)
     if notes and not accept_moves:
         raise BuildError(

@@ -1,4 +1,5 @@
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -53,3 +54,34 @@ def built_wheel(tmp_path_factory, upstream_wheel):
     path = Path(proc.stdout.strip())
     assert path.is_file()
     return path
+
+
+# A hook line of the 0.5.16 series, and the same hook reading 0.5.17's name for its argument,
+# which 0.5.16 does not bind there: a series a rebase that merged cleanly could leave.
+UNBOUND_HOOK = ('+        specprof.P.graph("draft", can_cuda_graph, self.cuda_graph_runner)\n',
+                '+        specprof.P.graph("draft", can_run_decode_cuda_graph, self.cuda_graph_runner)\n')
+UNBOUND_SAYS = re.compile(
+    re.escape("specprof.P.graph('draft') in sglang/srt/speculative/eagle_worker_v2.py line ") + r"\d+ "
+    + re.escape("(eagle-v2-profile-hooks.patch) reads 'can_run_decode_cuda_graph', which is not bound there in "
+                "sglang 0.5.16: the worker would stop with a NameError at its first cycle; correct the patch in "))
+
+
+def refused_unbound(proc, after):
+    """build.py's refusal of the unbound_patches series: exit 1 and one sentence, ending `after`."""
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1 and UNBOUND_SAYS.search(errors[0]), proc.stderr
+    assert errors[0].endswith(f"sglang-0.5.16; {after}."), errors[0]
+
+
+@pytest.fixture
+def unbound_patches(tmp_path, default_release):
+    """A folder of series holding the default release's (0.5.16), with one hook changed to read
+    a name that release does not bind where the hook runs; it still applies exactly."""
+    assert default_release.version == "0.5.16"
+    folder = patches_with_gaps(tmp_path / "unbound-patches", ["0.5.16"], "0.5.16")
+    patch = folder / "sglang-0.5.16" / "eagle-v2-profile-hooks.patch"
+    text = patch.read_text()
+    assert text.count(UNBOUND_HOOK[0]) == 1
+    patch.write_text(text.replace(*UNBOUND_HOOK))
+    return folder

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, run_build
+from conftest import ROOT, refused_unbound, run_build
 from specprof_build import fetch, release
 from specprof_build.errors import BuildError
 
@@ -112,7 +112,7 @@ def test_check_writes_nothing(tmp_path, upstream_wheel):
     out = tmp_path / "out"
     proc = run_build("--check", "--from-wheel", str(upstream_wheel), "--out", str(out))
     assert proc.returncode == 0, proc.stderr
-    assert "zero fuzz and zero offset" in proc.stderr
+    assert "zero fuzz and zero offset, and every name their hooks read is bound there" in proc.stderr
     assert proc.stdout == ""
     assert not out.exists()
 
@@ -135,6 +135,25 @@ def test_check_writes_nothing_even_into_a_series_without_its_hashes(tmp_path, up
     proc = run_build("--from-wheel", str(upstream_wheel), "--patches", str(patches), "--out", str(tmp_path / "d"))
     assert proc.returncode == 0, proc.stderr
     assert manifest.read_text() == want
+
+
+def _files(folder):
+    return {p.relative_to(folder): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+def test_check_and_build_refuse_a_hook_that_reads_a_name_unbound_there(tmp_path, upstream_wheel, unbound_patches):
+    """The series applies exactly, but a hook reads a name the release does not bind where it
+    runs (a NameError at the worker's first cycle): --check and the build say which, in one
+    sentence, and write nothing: no --out folder, no upstream.sha256 in the series folder."""
+    (unbound_patches / "sglang-0.5.16" / "upstream.sha256").unlink()  # a build would write it
+    before = _files(unbound_patches)
+    proc = run_build("--check", "--from-wheel", str(upstream_wheel), "--patches", str(unbound_patches))
+    refused_unbound(proc, "nothing was written")
+    out = tmp_path / "d"
+    proc = run_build("--from-wheel", str(upstream_wheel), "--patches", str(unbound_patches), "--out", str(out))
+    refused_unbound(proc, "nothing was written")
+    assert "repack" not in proc.stderr and not out.exists()
+    assert _files(unbound_patches) == before
 
 
 def test_hash_mismatch_is_refused_and_leaves_the_cache_clean(tmp_path, default_release):

@@ -12,7 +12,7 @@ import zipfile
 
 import pytest
 
-from conftest import ROOT, run_build
+from conftest import ROOT, refused_unbound, run_build
 from specprof_build.inplace import touched_files
 
 
@@ -68,6 +68,14 @@ def test_edited_install_is_refused_and_left_alone(site):
 def test_into_with_contradicting_flags(site, argv, says):
     proc = run_build("--into", str(site), *argv)
     assert proc.returncode == 1 and says in proc.stderr
+
+
+def test_into_refuses_a_hook_that_reads_a_name_unbound_there_and_changes_nothing(site, pristine, unbound_patches):
+    """A series that applies exactly but whose hook reads a name the installed release does not
+    bind there is refused in one sentence before anything in the site is written."""
+    proc = run_build("--into", str(site), "--patches", str(unbound_patches))
+    refused_unbound(proc, "nothing was changed")
+    assert _tree(site) == _tree(pristine)
 
 
 def test_into_a_folder_without_sglang(tmp_path):

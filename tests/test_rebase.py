@@ -1,4 +1,5 @@
 """build.py rebase on synthetic releases: clean carry, conflict, --continue, --abort, moved hooks."""
+import ast
 import subprocess
 import zipfile
 
@@ -31,6 +32,10 @@ def wheel(path, version, source):
 @pytest.fixture
 def env(tmp_path, monkeypatch):
     """A patches/ folder with a one-patch series for 1.0.0, and a work folder, both temporary."""
+    return series_env(tmp_path, monkeypatch, OLD, PATCHED)
+
+
+def series_env(tmp_path, monkeypatch, old_source, patched_source):
     patches = tmp_path / "patches"
     monkeypatch.setattr(release, "PATCHES", patches)
     monkeypatch.setattr(rebase, "WORK", tmp_path / "work")
@@ -40,17 +45,17 @@ def env(tmp_path, monkeypatch):
                                     env={**export.IDENTITY, "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
     git("init", "-q")
     (repo / "sglang").mkdir()
-    (repo / "sglang" / "worker.py").write_text(OLD)
+    (repo / "sglang" / "worker.py").write_text(old_source)
     git("add", "-A")
     git("commit", "-q", "-m", "upstream")
-    (repo / "sglang" / "worker.py").write_text(PATCHED)
+    (repo / "sglang" / "worker.py").write_text(patched_source)
     git("commit", "-q", "-am", "worker: mark prep\n\nDescription: why\nForwarded: not-needed\nLast-Update: 2026-11-29")
     d = patches / "sglang-1.0.0"
     export.write_series(d, [("worker-mark.patch", export.export_commit(repo, "HEAD"))])
     pin = release.Pin("1.0.0", 1, {"sglang-1.0.0-py3-none-any.whl": "0" * 64})
     (d / "pin.toml").write_text(release.format_pin(pin))
     old = release.Release("1.0.0", d, pin, [d / "worker-mark.patch"])
-    old_wheel = wheel(tmp_path / "sglang-1.0.0-py3-none-any.whl", "1.0.0", OLD)
+    old_wheel = wheel(tmp_path / "sglang-1.0.0-py3-none-any.whl", "1.0.0", old_source)
     return tmp_path, patches, old, old_wheel
 
 
@@ -143,6 +148,127 @@ def test_hook_that_applies_but_moved_function_is_caught(env):
     assert (dest / "worker-mark.patch").is_file()
 
 
+SIZED = OLD.replace("    prepare(batch)\n", "    size = len(batch)\n    prepare(batch)\n    log(batch)\n    check(batch)\n")
+SIZED_PATCHED = SIZED.replace("    out = forward(batch)\n", "    specprof.P.mark('prep', size)\n    out = forward(batch)\n")
+RENAMED = SIZED.replace("size = len(batch)", "count = len(batch)")  # four lines above the hook: merges cleanly
+
+
+def _unbound_refusal(e, work):
+    msg = str(e.value)
+    assert msg == (f"specprof.P.mark('prep') in sglang/worker.py line 10 (worker-mark.patch) reads 'size', which is "
+                   f"not bound there in sglang 1.1.0: the worker would stop with a NameError at its first cycle; "
+                   f"correct the commit that added it in {work} (git commit --amend when it is the last, else git "
+                   f"rebase -i upstream-1.1.0), then run python build.py rebase --onto 1.1.0 --continue; nothing was "
+                   f"written to patches/.")
+
+
+def _amend(work, tmp):
+    subprocess.run(["git", "commit", "-q", "-a", "--amend", "--no-edit"], cwd=work, check=True, capture_output=True,
+                   env={**export.IDENTITY, "PATH": "/usr/bin:/bin", "HOME": str(tmp)})
+
+
+def test_a_clean_merge_whose_hook_reads_a_renamed_name_is_not_exported(tmp_path, monkeypatch):
+    """The hook's line merges cleanly, but the local it reads was renamed upstream: the export
+    is refused in one sentence naming the hook, the name, the file and line, and the patch; the
+    rebase stays, and once the commit is corrected --continue exports it."""
+    tmp, patches, old, old_wheel = series_env(tmp_path, monkeypatch, SIZED, SIZED_PATCHED)
+    pin, new_wheel = new_release(tmp, RENAMED)
+    work = tmp / "work" / "sglang-1.1.0"
+    with pytest.raises(BuildError) as e:
+        rebase.rebase_trees(old, old_wheel, pin, new_wheel, quiet)
+    _unbound_refusal(e, work)
+    assert not (patches / "sglang-1.1.0").exists() and not (patches / ".sglang-1.1.0.partial").exists()
+    with pytest.raises(BuildError) as e:  # nothing corrected yet: --continue says the same
+        rebase.resume("1.1.0", quiet)
+    _unbound_refusal(e, work)
+    fixed = RENAMED.replace("    out = forward(batch)\n", "    specprof.P.mark('prep', count)\n    out = forward(batch)\n")
+    (work / "sglang" / "worker.py").write_text(fixed)
+    with pytest.raises(BuildError, match=r"has changes that are in no commit \(sglang/worker.py\); commit each"):
+        rebase.resume("1.1.0", quiet)  # the series is the commits: a fix left outside them is not in it
+    assert not (patches / "sglang-1.1.0").exists()
+    _amend(work, tmp)
+    dest = rebase.resume("1.1.0", quiet)
+    assert "+    specprof.P.mark('prep', count)\n" in (dest / "worker-mark.patch").read_text()
+    assert not work.exists()
+
+
+def test_a_conflict_resolved_with_the_old_name_is_not_exported_by_continue(tmp_path, monkeypatch):
+    """Issue #41: the conflict is resolved keeping the hook as it was, reading a name upstream
+    renamed; --continue refuses to export it, and exports the corrected commit."""
+    tmp, patches, old, old_wheel = series_env(tmp_path, monkeypatch, SIZED, SIZED_PATCHED)
+    changed = RENAMED.replace("    out = forward(batch)\n", "    out = forward(batch, fast=True)\n")
+    pin, new_wheel = new_release(tmp, changed)
+    with pytest.raises(BuildError, match="conflicts with sglang 1.1.0"):
+        rebase.rebase_trees(old, old_wheel, pin, new_wheel, quiet)
+    work = tmp / "work" / "sglang-1.1.0"
+    hook = "    out = forward(batch, fast=True)\n"
+    (work / "sglang" / "worker.py").write_text(changed.replace(hook, "    specprof.P.mark('prep', size)\n" + hook))
+    subprocess.run(["git", "add", "-A"], cwd=work, check=True)
+    with pytest.raises(BuildError) as e:
+        rebase.resume("1.1.0", quiet)
+    _unbound_refusal(e, work)
+    assert not (patches / "sglang-1.1.0").exists()
+    (work / "sglang" / "worker.py").write_text(changed.replace(hook, "    specprof.P.mark('prep', count)\n" + hook))
+    _amend(work, tmp)
+    dest = rebase.resume("1.1.0", quiet)
+    assert "+    specprof.P.mark('prep', count)\n     out = forward(batch, fast=True)" in (
+        dest / "worker-mark.patch").read_text()
+
+
+UNBOUND_CASES = """\
+import os
+from x import y as z
+LIMIT = 3
+
+
+def later():
+    gone = 1
+
+
+class W:
+    field = 1
+
+    def f(self, a, *rest, k=0, **kw):
+        specprof.P.mark('ok', a, rest, k, kw, self.bs, os.sep, z, LIMIT, len, f"{a}", lambda q: q + a,
+                        [i for i in a], later, W)
+        specprof.P.mark('other_function', gone)
+        specprof.P.mark('class_body', field)
+        specprof.P.mark('before_bound', b.x)
+        b = 2
+        specprof.P.mark('after_bound', b)
+        for item in a:
+            specprof.P.mark('loop', item)
+        try:
+            pass
+        except OSError as err:
+            specprof.P.mark('handler', err)
+
+        def inner():
+            specprof.P.mark('closure', a, b, inner)
+        specprof_args.validate(missing)
+"""
+
+
+def test_unbound_reads_knows_pythons_scopes(tmp_path):
+    """Bound: the innermost function's parameters and what it binds up to the call; what the
+    enclosing functions and the module bind; a builtin; an argument's own lambda parameters.
+    Unbound: a local of another function, a class body's name from a method, a local read
+    before its assignment, and anything in a call to specprof_args too."""
+    (tmp_path / "m.py").write_text(UNBOUND_CASES)
+    found = hookmap.unbound_reads(tmp_path, ["m.py", "absent.py", "notes.txt"])
+    assert [(u.line, u.hook, u.name) for u in found] == [
+        (16, "specprof.P.mark('other_function')", "gone"),
+        (17, "specprof.P.mark('class_body')", "field"),
+        (18, "specprof.P.mark('before_bound')", "b"),
+        (30, "specprof_args.validate", "missing"),
+    ]
+    (tmp_path / "star.py").write_text("from x import *\n\ndef f():\n    specprof.P.mark('a', anything)\n")
+    assert hookmap.unbound_reads(tmp_path, ["star.py"]) == []  # any name may come from the star
+    (tmp_path / "bad.py").write_text("def f(:\n")
+    with pytest.raises(BuildError, match=r"^bad.py is not valid Python with the series applied \(line 1: "):
+        hookmap.unbound_reads(tmp_path, ["bad.py"])
+
+
 def test_hook_map_names_the_enclosing_function():
     src = "class W:\n    def f(self):\n        specprof.P.mark('a')\n        x = 1\n\ndef g():\n    specprof_args.validate(x)\n"
     assert hookmap.hooks_in(src, "w.py") == [("W.f", "specprof.P.mark('a')"), ("g", "specprof_args.validate")]
@@ -218,74 +344,16 @@ def _defined_attributes(tree, wanted):
     return found
 
 
-def _bindings(node):
-    """(line, name) for each name a function (or module) binds: its parameters, and what it
-    assigns, imports or defines."""
-    import ast
-
-    out = []
-    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
-        a = node.args
-        out += [(0, x.arg) for x in a.posonlyargs + a.args + a.kwonlyargs + [a.vararg, a.kwarg] if x]
-    for n in ast.walk(node):
-        line = getattr(n, "lineno", 0)
-        if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store):
-            out.append((line, n.id))
-        elif isinstance(n, (ast.Import, ast.ImportFrom)):
-            out += [(line, (x.asname or x.name).split(".")[0]) for x in n.names]
-        elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n is not node:
-            out.append((line, n.name))
-        elif isinstance(n, ast.ExceptHandler) and n.name:
-            out.append((line, n.name))
-        elif isinstance(n, (ast.Global, ast.Nonlocal)):
-            out += [(line, x) for x in n.names]
-        elif isinstance(n, ast.arg):
-            out.append((line, n.arg))
-    return out
-
-
 def hook_reads(tree, files):
     """(file, line, problem) for each name or attribute a hook call reads that is not there:
-    a local the function has not bound by then (upstream renamed it), or an attribute no code
-    of the release sets."""
-    import ast
-    import builtins
-
-    problems, reads = [], []
+    a name not bound where the call runs (hookmap.unbound_reads, as build.py checks it), or an
+    attribute no code of the release sets."""
+    problems = [(u.file, u.line, f"name {u.name!r} is not bound there") for u in hookmap.unbound_reads(tree, files)]
+    reads = []
     for rel_path in files:
-        module = ast.parse((tree / rel_path).read_text())
-        parents = {}
-        for p in ast.walk(module):
-            for c in ast.iter_child_nodes(p):
-                parents[c] = p
-        top = {name for _, name in _bindings(module)} | set(dir(builtins))
-        scope_names = {}
-        for call in ast.walk(module):
-            if not isinstance(call, ast.Call):
-                continue
-            root = call.func
-            while isinstance(root, ast.Attribute):
-                root = root.value
-            if not (isinstance(root, ast.Name) and root.id.startswith("specprof")):
-                continue
-            scopes, p = [], parents.get(call)
-            while p is not None:
-                if isinstance(p, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                    scopes.append(p)
-                p = parents.get(p)
-            known = set(top)
-            for i, s in enumerate(scopes):  # the innermost up to its line; the enclosing whole
-                if s not in scope_names:
-                    scope_names[s] = _bindings(s)
-                known |= {name for line, name in scope_names[s] if i or line <= call.lineno}
-            args = list(call.args) + [k.value for k in call.keywords]
-            for arg in args:
-                known |= {name for _, name in _bindings(arg)}  # a lambda's or a comprehension's own
-                for n in ast.walk(arg):
-                    if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and n.id not in known:
-                        problems.append((rel_path, call.lineno, f"name {n.id!r} is not bound there"))
-                    elif isinstance(n, ast.Attribute):
-                        reads.append((rel_path, call.lineno, n.attr))
+        for call, _ in hookmap.hook_calls(hookmap.parse(tree, rel_path)):
+            for arg in list(call.args) + [k.value for k in call.keywords]:
+                reads += [(rel_path, call.lineno, n.attr) for n in ast.walk(arg) if isinstance(n, ast.Attribute)]
     there = _defined_attributes(tree, {a for _, _, a in reads})
     problems += [(f, line, f"attribute .{a} is set nowhere") for f, line, a in reads if a not in there]
     return problems
