@@ -447,7 +447,7 @@ def test_plot(tmp_path, capsys):
     code, _, err = run_cli("report", str(V2), "--plot", str(tmp_path / "fig.png"), capsys=capsys)
     assert code == 0 and "figure in" in err
     img = matplotlib.image.imread(str(tmp_path / "fig.png"))
-    assert img.shape[0] > 500 and img.shape[1] > 1500
+    assert img.shape[0] > 1000 and img.shape[1] > 900  # a row per panel
     code, _, err = run_cli("report", str(V2), "--plot", str(tmp_path / "no" / "fig.png"), capsys=capsys)
     assert code == 1 and "cannot write" in err
     code, _, err = run_cli("report", str(V2), "--plot", str(tmp_path / "bare"), capsys=capsys)

@@ -1,6 +1,6 @@
 """sglang-specprof: read the profiles a --speculative-profile server writes.
 
-    sglang-specprof report PROFILE.jsonl [--last N] [--json] [--plot out.png] [--trace out.json]
+    sglang-specprof report PROFILE.jsonl [--last N] [--json] [--plot out.png] [--html out.html] [--trace out.json]
                                          [--adaptive-config out.json [--adaptive-margin PCT]]
     sglang-specprof report http://HOST:PORT            # the live server's latest window
     sglang-specprof compare A.jsonl B.jsonl [--json]
@@ -14,7 +14,7 @@ import os
 import sys
 from collections import deque
 
-from . import adaptive, compare as compare_mod, report
+from . import adaptive, compare as compare_mod, page, report
 from .plot import plot
 from .schema import ProfileError
 from .table import printable
@@ -33,6 +33,9 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--last", type=int, metavar="N", help="only the last N windows")
     r.add_argument("--json", action="store_true", help="print the merged summary and the advice as JSON")
     r.add_argument("--plot", metavar="PNG", help="also draw the phases, acceptance and cycle times (needs matplotlib)")
+    r.add_argument("--html", metavar="FILE",
+                   help="also write the report as one self-contained HTML page: its tables, the advice and the "
+                        "figures (the figures need matplotlib; without it the page says so)")
     r.add_argument("--trace", metavar="JSON", help="also write a Chrome/Perfetto trace of the sampled cycles")
     r.add_argument("--adaptive-config", metavar="JSON",
                    help="also write SGLang's --speculative-adaptive-config: per batch-size bucket, the step counts "
@@ -73,7 +76,7 @@ def _same_file(a: str, b: str) -> bool:
 def _check_outputs(args) -> None:
     """Refuse an output path that is the profile read, or another output's: writing it would
     overwrite what was read (or what another option wrote) without a word."""
-    outs = [(f"--{k.replace('_', '-')}", getattr(args, k)) for k in ("trace", "adaptive_config", "plot")
+    outs = [(f"--{k.replace('_', '-')}", getattr(args, k)) for k in ("trace", "adaptive_config", "plot", "html")
             if getattr(args, k)]
     local = not args.source.startswith(("http://", "https://"))
     for i, (flag, path) in enumerate(outs):
@@ -179,6 +182,14 @@ def main(argv=None) -> int:
                 _say(f"figure in {args.plot}")
                 if drawn["left_out"]:
                     _say(f"note: the figure leaves out {' and '.join(drawn['left_out'])}")
+            if args.html:
+                html = page.page(summary, advice, args.source, notes + ([report.overflow_note(lost)] if lost else []))
+                try:
+                    page.write(args.html, html)
+                except OSError as e:
+                    raise report.SourceError(f"cannot write {args.html}: {e.strerror or e}; nothing was written") \
+                        from None
+                _say(f"page in {args.html}")
         else:
             (wa, na), (wb, nb) = report.load(args.a, keep=compare_mod.fields), report.load(args.b, keep=compare_mod.fields)
             for n in na + nb:

@@ -555,7 +555,7 @@ class Runs:
         parts = ", ".join(f"{f} {' and '.join(map(str, dict.fromkeys(map(str, v))))}" for f, v in self.differ().items())
         return (f"the profile holds windows of {len(self.merges)} runs that differ in their settings ({parts}): each "
                 f"is merged and reported on its own, under a header of its own (--json: the first as summary, "
-                f"the others in other_runs; --adaptive-config and --plot: the first)")
+                f"the others in other_runs; --adaptive-config, --plot and --html: the first)")
 
 
 def config_problems(config: dict) -> list[str]:
