@@ -18,11 +18,19 @@ copy_out = shutil.copyfile
 BUILD_PARTIAL = "partial-"  # dist/.partial-<pid>-<wheel>: a wheel being written
 
 
+# build.py's other commands (main() hands them their own parsers): one line each in --help
+SUBCOMMANDS = """\
+other commands (each with its own --help):
+  build.py rebase --onto X.Y.Z [--from A.B.C]   carry the series to another release (--continue, --abort)
+  build.py upstream                             a release the series miss? does the newest series apply to it?"""
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="build.py",
-        description="Build sglang-X.Y.Z+specprof.N: a pinned SGLang release with the patch series "
+        description="Build sglang-X.Y.Z+specprof.N: a pinned SGLang release with the patch series\n"
         "and the timing overlay applied, as a drop-in wheel.",
+        epilog=SUBCOMMANDS, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--sglang", metavar="VERSION", help="the upstream release (default: patches/default)")
     p.add_argument("--list", action="store_true", help="list the releases that have a series, and exit")

@@ -300,6 +300,31 @@ def test_compare_prints_the_figures_report_prints():
         assert got["cycle wall ms"] == pytest.approx(b["cycle_wall_ms"]["mean"], abs=1e-3)
 
 
+def test_compare_figures_folded_one_window_at_a_time_are_the_two_pass_ones():
+    """A figure's mean and standard error from sums added window by window equal the ones
+    computed from all windows' values at once, also for values far from zero with a small
+    spread (a tokens/s of 10^6 moving by 0.01) and weights up to 10^200."""
+    import math
+    import random
+
+    rng = random.Random(7)
+    for base, spread, wmax in ((5.0, 1.0, 100.0), (1e6, 0.01, 5000.0), (3.0, 0.5, 1e200), (2.0, 0.0, 10.0)):
+        vals = [(base + spread * rng.gauss(0, 1), rng.uniform(1, wmax)) for _ in range(50)]
+        f = compare._Figure()
+        for v, w in vals:
+            f.add(v, w)
+        tot = sum(w for _, w in vals)
+        m = sum(v * w for v, w in vals) / tot
+        k = len(vals)
+        se = math.sqrt(sum((w / wmax * (v - m)) ** 2 for v, w in vals) * k / (k - 1)) / (tot / wmax)
+        got_m, got_se = f.stat()
+        assert got_m == m  # added in the same order
+        assert got_se == pytest.approx(se, rel=1e-6, abs=1e-12), (base, spread, wmax)
+    one = compare._Figure()
+    one.add(4.0, 2.0)
+    assert one.stat() == (4.0, None) and compare._Figure().stat() == (None, None)
+
+
 def test_compare_says_what_it_cannot_compare(capsys):
     """A v1 profile against a v2 one: the settings that differ, the phases only one side has
     and the batch sizes only one side ran are named, not dropped without a word."""
@@ -504,11 +529,11 @@ def test_a_016_gpu_profile_splits_the_draft_graph():
     assert steps <= b["phases"]["draft"]["gpu_ms"]["mean"] <= steps * 1.15
 
 
-def _long_profile(path, windows, source=None):
+def _long_profile(path, windows, source=None, offset=0):
     lines = [json.loads(x) for x in open(source or V2) if x.strip()]
     with open(path, "w") as f:
         for n in range(windows):
-            f.write(json.dumps(dict(lines[n % len(lines)], window=n)) + "\n")
+            f.write(json.dumps(dict(lines[(n + offset) % len(lines)], window=n)) + "\n")
     return path.stat().st_size
 
 
@@ -535,6 +560,54 @@ def test_a_long_profile_is_merged_as_it_is_read(tmp_path):
             assert cycles == (600 if last is None else 1) * 100
     finally:
         tracemalloc.stop()
+
+
+def test_compare_of_two_long_profiles_holds_less_than_the_report_of_one(tmp_path, capsys):
+    """compare folds each profile into a few sums per bucket and figure as it reads it: two
+    profiles of 150 windows peak below what `report` of one needs (it held every window's
+    figures of both: 2.5 times the report's peak), and the comparison is the one of the
+    windows held in lists."""
+    import tracemalloc
+
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    _long_profile(a, 150, DATA / "profile-0.5.16-eagle3-v2-topk1.jsonl")
+    _long_profile(b, 150, DATA / "profile-0.5.16-eagle3-v2-topk1.jsonl", offset=7)
+    peaks = {}
+    for argv in (("report", str(a)), ("compare", str(a), str(b), "--json")):
+        tracemalloc.start()
+        try:
+            code = cli.main(list(argv))
+            peaks[argv[0]] = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert code == 0
+        out = capsys.readouterr().out
+    assert peaks["compare"] < peaks["report"], peaks
+    wa, wb = (report.load(str(p), keep=compare.fields)[0] for p in (a, b))
+    assert json.loads(out) == json.loads(json.dumps(compare.compare(wa, wb)))
+    rows = [r for rows in json.loads(out)["buckets"].values() for r in rows]
+    assert rows and max(r["windows"][0] for r in rows) > 80
+
+
+@pytest.mark.full  # 12 s on 2 cores; the test above is its quick form
+def test_compare_of_two_profiles_peaks_no_higher_than_the_report_of_one(tmp_path):
+    """The peak resident memory of `compare A B` (two profiles of 2,000 windows, 18 MiB each) in
+    a process of its own, against `report A`'s: no more than 4 MiB above it (23 MiB against 28 on the 2-core
+    CI machine; it was 55, each profile's windows held)."""
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    _long_profile(a, 2000, DATA / "profile-0.5.16-eagle3-v2-topk1.jsonl")
+    _long_profile(b, 2000, DATA / "profile-0.5.16-eagle3-v2-topk1.jsonl", offset=7)
+    code = ("import resource, subprocess, sys; "
+            "p = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL); "
+            "print(p.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)")
+    env = dict(os.environ, PYTHONPATH=str(Path(cli.__file__).resolve().parent.parent))
+    peak = {}
+    for argv in (("report", str(a)), ("compare", str(a), str(b))):
+        out = subprocess.run([sys.executable, "-c", code, sys.executable, "-m", "sglang_specprof", *argv],
+                             capture_output=True, text=True, env=env, check=True).stdout.split()
+        assert out[0] == "0"
+        peak[argv[0]] = int(out[1]) / 1024  # MiB
+    assert peak["compare"] <= peak["report"] + 4, peak
 
 
 def test_an_endless_line_or_a_slow_server_is_one_sentence(tmp_path, monkeypatch):

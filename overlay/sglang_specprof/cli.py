@@ -191,11 +191,21 @@ def main(argv=None) -> int:
                         from None
                 _say(f"page in {args.html}")
         else:
-            (wa, na), (wb, nb) = report.load(args.a, keep=compare_mod.fields), report.load(args.b, keep=compare_mod.fields)
-            for n in na + nb:
+            # each profile folded into its side as it is read: a few sums per bucket and figure are
+            # held, not its windows, whatever its length
+            sides, notes = [], []
+            for source in (args.a, args.b):
+                side = compare_mod.Side()
+                for w in report.stream(source, None, notes):
+                    try:
+                        side.add(w)
+                    except report.UNREADABLE as e:
+                        raise report.unmergeable(source, e) from None
+                sides.append(side)
+            for n in notes:
                 _say(f"note: {n}")
             try:
-                result = compare_mod.compare(wa, wb)
+                result = compare_mod.compare(*sides)
                 text = (json.dumps(result, indent=1, allow_nan=False) if args.json
                         else compare_mod.format_compare(result, args.a, args.b))
             except report.UNREADABLE as e:

@@ -8,6 +8,9 @@ change counts when it exceeds twice the combined standard error of the two runs 
 for normal noise) and there are at least three windows on each side. A change below the
 printed precision, or under 0.1%, is no change.
 
+Each profile is folded in as it is read, one window at a time, into a few sums per bucket
+and figure (`Side`): two long profiles compare in less memory than `report` needs for one.
+
 Two profiles taken with different settings (worker, steps, topk, draft tokens, release,
 ...) compare different things: the comparison says which differ, and which phases or
 batch sizes only one side has, instead of leaving them out silently.
@@ -28,9 +31,10 @@ SETTINGS = ("algorithm", "worker", "num_steps", "topk", "num_draft_tokens", "tp_
 
 
 def fields(w: dict) -> dict:
-    """What the comparison reads of a window: its settings, and each bucket's cycles, phase
-    means and their counts, host period, acceptance and tokens/s (a window's sampled cycles
-    and kernel sample are most of its size and are not kept)."""
+    """What the comparison reads of a window, as a smaller window: its settings, and each
+    bucket's cycles, phase means and their counts, host period, acceptance and tokens/s (a
+    window's sampled cycles and kernel sample are most of its size and are not kept). The
+    report keeps it of its last windows, to set a kernel sample beside the window it was taken in."""
     return {"config": w.get("config") or {},
             "buckets": {key: {"cycles": b.get("cycles"),
                               "phases": {n: {"gpu_ms": {"mean": p["gpu_ms"]["mean"], "n": p["gpu_ms"].get("n")}}
@@ -75,82 +79,133 @@ def _rate(b):
     return t, (c / t if _number(t) and t > 0 and _number(c) and c > 0 else 1.0)
 
 
-def _window_values(windows, key, get):
-    vals = []
-    for w in windows:
-        b = w["buckets"].get(key)
-        if b and b["cycles"]:
+class _Figure:
+    """One figure of one bucket over a profile's windows, added one window at a time: the count,
+    the weights' sum and the weighted sum (the mean, added in window order as a list of the
+    windows would add it), and, for the standard error, sums of the squared weights times the
+    values' distance from the first value (shifted, so that the spread is not lost beside a
+    large value; weights scaled by the first one, so that large weights do not overflow)."""
+
+    __slots__ = ("k", "tot", "sum", "shift", "scale", "w2", "w2d", "w2d2")
+
+    def __init__(self):
+        self.k = 0
+        self.tot = self.sum = self.w2 = self.w2d = self.w2d2 = 0.0
+        self.shift = self.scale = None
+
+    def add(self, v: float, w: float) -> None:
+        if self.k == 0:
+            self.shift, self.scale = v, w
+        self.k += 1
+        self.tot += w
+        self.sum += v * w
+        d, s = v - self.shift, w / self.scale
+        self.w2 += s * s
+        self.w2d += s * s * d
+        self.w2d2 += s * s * d * d
+
+    def stat(self):
+        """Weighted mean and its standard error (None with fewer than two windows):
+        sqrt(sum((w * (v - mean))^2) * k / (k - 1)) / sum(w)."""
+        if not self.k:
+            return None, None
+        m = self.sum / self.tot
+        if self.k < 2:
+            return m, None
+        dm = m - self.shift
+        spread = max(self.w2d2 - 2 * dm * self.w2d + dm * dm * self.w2, 0.0)  # sum((w/scale)^2 (v-m)^2)
+        return m, math.sqrt(spread * self.k / (self.k - 1)) / (self.tot / self.scale)
+
+
+class _Key:
+    """One batch-size bucket of a profile, its windows added one at a time: whether any ran
+    cycles, its phases in first-seen order, and each figure's _Figure."""
+
+    __slots__ = ("cycles", "names", "figures")
+
+    def __init__(self):
+        self.cycles = False
+        self.names: dict = {}  # phase name -> None, in first-seen order
+        self.figures: dict = {}  # metric label -> _Figure
+
+    def add(self, b: dict) -> None:
+        for n, p in (b.get("phases") or {}).items():
+            if p["gpu_ms"]["mean"] is not None:
+                self.names.setdefault(n)
+        if not b["cycles"]:
+            return
+        self.cycles = True
+        metrics = [(f"{n} gpu ms", _phase(n)) for n in b["phases"]]
+        metrics += [("cycle wall ms", _wall), ("accept length", _accept), ("tokens/s", _rate)]
+        for label, get in metrics:
             v, wt = get(b)
             if _number(v) and _number(wt) and wt > 0:
-                vals.append((v, wt))
-    return vals
+                f = self.figures.get(label)
+                if f is None:
+                    f = self.figures[label] = _Figure()
+                f.add(v, wt)
 
 
-def _stat(vals):
-    """Weighted mean and its standard error (None with fewer than two windows)."""
-    if not vals:
-        return None, None
-    tot = sum(w for _, w in vals)
-    m = sum(v * w for v, w in vals) / tot
-    k = len(vals)
-    if k < 2:
-        return m, None
-    se = math.sqrt(sum((w * (v - m)) ** 2 for v, w in vals) * k / (k - 1)) / tot
-    return m, se
+class Side:
+    """One profile's side of a comparison, its windows folded in as they are read (`add`):
+    what it holds is a few sums per bucket and figure, whatever the profile's length. A
+    fixed-step profile's buckets are also kept named as an adaptive one names them ("5-8" at
+    3 steps is "5-8@3"), for when the other side is adaptive."""
+
+    def __init__(self, windows=()):
+        self.config = None  # the first window's settings
+        self.adaptive = False
+        self.keys: dict = {}  # bucket name -> _Key
+        self.at_steps: dict | None = {}  # "5-8@3" -> _Key, until a window shows the profile adaptive
+        for w in windows:
+            self.add(w)
+
+    def add(self, w: dict) -> None:
+        if self.config is None:
+            self.config = w.get("config") or {}
+        buckets = w["buckets"]
+        if not self.adaptive and any(bucket_steps(k) is not None for k in buckets):
+            self.adaptive, self.at_steps = True, None
+        steps = (w.get("config") or {}).get("num_steps")
+        for k, b in buckets.items():
+            for keys, name in ((self.keys, k), (self.at_steps, k if steps is None else f"{k}@{steps}")):
+                if keys is not None:
+                    acc = keys.get(name)
+                    if acc is None:
+                        acc = keys[name] = _Key()
+                    acc.add(b)
+
+    def buckets(self, other_adaptive: bool) -> dict:
+        """The buckets by name, those of a fixed-step profile at its step count beside an adaptive one."""
+        return self.at_steps if other_adaptive and not self.adaptive else self.keys
 
 
-def settings_differ(a: list[dict], b: list[dict]) -> dict:
+def settings_differ(a: Side, b: Side) -> dict:
     """{setting: [A's, B's]} for each setting the two profiles' first windows differ in."""
-    ca = (a[0].get("config") or {}) if a else {}
-    cb = (b[0].get("config") or {}) if b else {}
+    ca, cb = a.config or {}, b.config or {}
     return {k: [ca.get(k), cb.get(k)] for k in SETTINGS if ca.get(k) != cb.get(k)}
 
 
-def _adaptive(windows) -> bool:
-    return any(bucket_steps(k) is not None for w in windows for k in w["buckets"])
-
-
-def _at_steps(windows) -> list[dict]:
-    """A fixed-step profile's buckets named as an adaptive one names them ("5-8" at 3 steps is
-    "5-8@3"), so that each is set beside the other profile's cycles of its step count."""
-    out = []
-    for w in windows:
-        steps = (w.get("config") or {}).get("num_steps")
-        if steps is None:
-            out.append(w)
-            continue
-        out.append(dict(w, buckets={f"{k}@{steps}": v for k, v in w["buckets"].items()}))
-    return out
-
-
-def compare(a: list[dict], b: list[dict]) -> dict:
-    if _adaptive(a) != _adaptive(b):
-        a, b = (a, _at_steps(b)) if _adaptive(a) else (_at_steps(a), b)
-    ka = {k for w in a for k, bk in w["buckets"].items() if bk["cycles"]}
-    kb = {k for w in b for k, bk in w["buckets"].items() if bk["cycles"]}
+def compare(a, b) -> dict:
+    """The comparison of two profiles: each a Side (its windows folded in as read) or its windows."""
+    a, b = (x if isinstance(x, Side) else Side(x) for x in (a, b))
+    ba, bb = a.buckets(b.adaptive), b.buckets(a.adaptive)
+    ka = {k for k, acc in ba.items() if acc.cycles}
+    kb = {k for k, acc in bb.items() if acc.cycles}
     out = {"settings_differ": settings_differ(a, b), "buckets": {}, "only_in": {}, "overflowed": [],
            "buckets_only_in": {"a": sorted(ka - kb, key=bucket_order), "b": sorted(kb - ka, key=bucket_order)}}
     for key in sorted(ka & kb, key=bucket_order):
-        seen = {}
-        for side, ws in (("a", a), ("b", b)):
-            names = []
-            for w in ws:
-                bk = w["buckets"].get(key)
-                for n, p in ((bk or {}).get("phases") or {}).items():
-                    if n not in names and p["gpu_ms"]["mean"] is not None:
-                        names.append(n)
-            seen[side] = names
+        seen = {"a": list(ba[key].names), "b": list(bb[key].names)}
         names = [n for n in seen["a"] if n in seen["b"]]
         only = {"a": [n for n in seen["a"] if n not in seen["b"]], "b": [n for n in seen["b"] if n not in seen["a"]]}
         if only["a"] or only["b"]:
             out["only_in"][key] = only
-        metrics = [(f"{n} gpu ms", _phase(n)) for n in names]
-        metrics += [("cycle wall ms", _wall), ("accept length", _accept), ("tokens/s", _rate)]
+        labels = [f"{n} gpu ms" for n in names] + ["cycle wall ms", "accept length", "tokens/s"]
         rows = []
-        for label, get in metrics:
-            va, vb = _window_values(a, key, get), _window_values(b, key, get)
-            ma, sa = _stat(va)
-            mb, sb = _stat(vb)
+        for label in labels:
+            fa, fb = ba[key].figures.get(label, _Figure()), bb[key].figures.get(label, _Figure())
+            ma, sa = fa.stat()
+            mb, sb = fb.stat()
             if ma is None or mb is None:
                 continue
             delta = mb - ma
@@ -162,14 +217,14 @@ def compare(a: list[dict], b: list[dict]) -> dict:
                 noise = None
             if abs(delta) < NO_CHANGE_ABS or (ma and abs(delta / ma) < NO_CHANGE_REL):
                 verdict = "no change"
-            elif len(va) < MIN_WINDOWS or len(vb) < MIN_WINDOWS or noise is None:
+            elif fa.k < MIN_WINDOWS or fb.k < MIN_WINDOWS or noise is None:
                 verdict = "too few windows to judge"
             else:
                 verdict = "beyond noise" if abs(delta) > noise else "within noise"
             rows.append({"metric": label, "a": round(ma, 4), "b": round(mb, 4), "delta": round(delta, 4),
                          "relative": round(delta / ma, 4) if ma else None,
                          "noise": None if noise is None else round(noise, 4),
-                         "windows": [len(va), len(vb)], "verdict": verdict})
+                         "windows": [fa.k, fb.k], "verdict": verdict})
         out["buckets"][key] = rows
     return out
 
