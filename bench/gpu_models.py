@@ -5,6 +5,9 @@ import os
 SHAPES = {
     "8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
                num_key_value_heads=8, vocab_size=128256),
+    # Llama-3.2-1B's shape: a cycle of about 2-3 ms at one request, where the host's share is largest
+    "1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
+               num_key_value_heads=8, vocab_size=128256),
     "tiny": dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=8, num_attention_heads=16,
                  num_key_value_heads=4, vocab_size=32000),
 }

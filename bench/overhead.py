@@ -201,6 +201,9 @@ def main():
                     help="the `off` server runs --speculative-profile too: `on` / `off` is then the cost of --on-extra")
     ap.add_argument("--gpu-clocks", action="store_true",
                     help="sample the GPU's SM clock with nvidia-smi during every run and relate tokens/s to it")
+    ap.add_argument("--aa", action="store_true",
+                    help="with --upstream-path: a second unpatched server (`upstream2`) in the rotation, the A/A "
+                         "control: how far two equal servers differ on their own, beside every other ratio")
     ap.add_argument("--tag", default="", help="suffix of the result files' names")
     ap.add_argument("--same-process", action="store_true",
                     help="on and off in one server: its profiler paused and resumed by a signal between runs")
@@ -220,6 +223,10 @@ def main():
     if a.upstream_path:
         up_env = dict(env, PYTHONPATH=a.upstream_path + os.pathsep + env.get("PYTHONPATH", ""))
         plan["upstream"] = (common, up_env)
+        if a.aa:
+            plan["upstream2"] = (common, up_env)
+    elif a.aa:
+        ap.error("--aa needs --upstream-path (the A/A pair is two unpatched servers)")
     if a.check:
         plan["check"] = (common + ["--speculative-profile", "--enable-metrics"],
                          dict(env, SGLANG_ENABLE_METRICS_DEVICE_TIMER="1"))
@@ -231,7 +238,7 @@ def main():
             print(f"schedulers pinned: {pinned}", flush=True)
         print(f"{len(servers)} servers ready in {time.time() - t0:.0f} s "
               f"({', '.join(f'{n} {s.ready_s} s' for n, s in servers.items())})", flush=True)
-        compared = [n for n in ("off", "on", "upstream") if n in servers]
+        compared = [n for n in ("off", "on", "upstream", "upstream2") if n in servers]
         clocks = GpuClocks() if a.gpu_clocks else None
         profiler = profiler_fingerprint()  # the code every result below ran
         for ci, c in enumerate(a.concurrency):
@@ -252,6 +259,10 @@ def main():
                 res["tok_s_upstream"] = [round(x, 2) for x in runs["upstream"]]
                 up = [off / u for off, u in zip(runs["off"], runs["upstream"])]
                 res.update(ratio_summary("_off_vs_upstream", up))
+                res.update(ratio_summary("_on_vs_upstream", [on / u for on, u in zip(runs["on"], runs["upstream"])]))
+            if "upstream2" in runs:  # the A/A control: two unpatched servers, equal but for chance
+                res["tok_s_upstream2"] = [round(x, 2) for x in runs["upstream2"]]
+                res.update(ratio_summary("_aa", [b / u for b, u in zip(runs["upstream2"], runs["upstream"])]))
             res.update({"rounds": len(ratios), "new_tokens": a.new_tokens,
                         "command": portable_command("bench/overhead.py", sys.argv[1:]),
                         "machine": machine(), "date": datetime.date.today().isoformat(),
