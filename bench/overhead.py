@@ -208,6 +208,8 @@ def main():
     ap.add_argument("--same-process", action="store_true",
                     help="on and off in one server: its profiler paused and resumed by a signal between runs")
     a = ap.parse_args()
+    if a.aa and not a.upstream_path:
+        ap.error("--aa needs --upstream-path (the A/A pair is two unpatched servers)")
     t0 = time.time()
     os.makedirs(a.out, exist_ok=True)
     os.makedirs(a.logs, exist_ok=True)
@@ -225,8 +227,6 @@ def main():
         plan["upstream"] = (common, up_env)
         if a.aa:
             plan["upstream2"] = (common, up_env)
-    elif a.aa:
-        ap.error("--aa needs --upstream-path (the A/A pair is two unpatched servers)")
     if a.check:
         plan["check"] = (common + ["--speculative-profile", "--enable-metrics"],
                          dict(env, SGLANG_ENABLE_METRICS_DEVICE_TIMER="1"))

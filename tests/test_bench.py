@@ -59,6 +59,25 @@ def test_overhead_pairs_runs_and_bounds_the_median(tmp_path):
     assert 0.8 < r["median_ratio"] < 1.2  # the same stand-in both ways
 
 
+def test_overhead_aa_puts_a_second_unpatched_server_in_the_rotation(tmp_path):
+    up = tmp_path / "unpatched"
+    up.mkdir()
+    run("overhead.py", tmp_path, "--sglang", "0.5.12", "--rounds", "3", "--concurrency", "2", "--new-tokens", "96",
+        "--upstream-path", str(up), "--aa", "--shape", "1b")
+    r = json.loads((tmp_path / "overhead-0.5.12-c2.json").read_text())
+    assert len(r["tok_s_upstream"]) == len(r["tok_s_upstream2"]) == len(r["ratios_aa"]) == 3
+    assert r["ratios_aa"] == [round(b / u, 4) for b, u in zip(r["tok_s_upstream2"], r["tok_s_upstream"])]
+    assert r["median_ratio_aa_ci95"][0] <= r["median_ratio_aa"] <= r["median_ratio_aa_ci95"][1]
+    assert len(r["ratios_on_vs_upstream"]) == 3
+    config = json.loads((tmp_path / "logs" / "models" / "target" / "config.json").read_text())
+    assert config["hidden_size"] == 2048 and config["num_hidden_layers"] == 16  # the 1B shape
+    # without an unpatched copy there is no A/A pair: one sentence, exit 2, before any server starts
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "overhead.py"), "--aa", "--out", str(tmp_path / "x"),
+                           "--logs", str(tmp_path / "x" / "logs")], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "--aa needs --upstream-path" in proc.stderr
+    assert not (tmp_path / "x").exists()
+
+
 def test_same_process_runs_alternate_on_and_paused_and_confirm_each_switch(monkeypatch, tmp_path):
     sys.path.insert(0, str(ROOT / "bench"))
     import overhead
