@@ -19,7 +19,7 @@ from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
-from . import apply, fetch, release, repack
+from . import apply, fetch, hookmap, release, repack
 from .errors import BuildError
 
 PYPI_SIMPLE = "https://pypi.org/simple/sglang/"  # the simple API, asked for its JSON form
@@ -75,13 +75,17 @@ def survey(data: dict, patches: Path | None = None) -> dict:
     }
 
 
-def applies(rel: release.Release, wheel: Path) -> str | None:
-    """None where every patch of the series applies exactly to the wheel's files, else why not."""
+def applies(rel: release.Release, wheel: Path, onto: str = "") -> str | None:
+    """None where every patch of the series applies exactly to the wheel's files and every
+    name its hooks read is bound there (hookmap), else why not."""
     with tempfile.TemporaryDirectory(prefix="specprof-upstream-") as work:
         tree = Path(work)
         repack.unpack_sources(wheel, tree)
         try:
-            apply.apply_series(tree, rel.patches, log=lambda m: None, write=False)
+            apply.apply_series(tree, rel.patches, log=lambda m: None)
+            texts = [(p.name, p.read_text()) for p in rel.patches]
+            files = sorted({f for _, text in texts for f in hookmap.hunks(text)})
+            hookmap.refuse_unbound(tree, files, patches=texts, release=onto, fix="rebase the series onto it")
         except BuildError as e:
             return str(e)
     return None
@@ -107,12 +111,12 @@ def main(args, log) -> int:
     if args.from_wheel is not None:
         fetch.from_wheel(pin, args.from_wheel)
         wheel = args.from_wheel
-        why = applies(rel, wheel)
+        why = applies(rel, wheel, onto)
     else:
         with tempfile.TemporaryDirectory(prefix="specprof-upstream-") as tmp:
             cache = args.cache_dir or Path(tmp)
             wheel = fetch.fetch(pin, fetch.choose(pin), cache, log=log)
-            why = applies(rel, wheel)
+            why = applies(rel, wheel, onto)
     if why is None:
         print(f"the {rel.version} series applies to {onto} exactly: build.py rebase --onto {onto} --from {rel.version}")
         return 0

@@ -86,3 +86,16 @@ def test_a_from_wheel_that_is_no_wheel_is_refused_even_when_up_to_date(tmp_path,
         code = cli.main(["upstream", *argv])
         err = capsys.readouterr().err
         assert code == 1 and err.count("build.py upstream: error:") == 1 and says in err, err
+
+
+def test_a_newer_release_a_hook_would_read_an_unbound_name_in(tmp_path, upstream_wheel, default_release,
+                                                               unbound_patches, monkeypatch, capsys):
+    """The series applies to the newer release's files exactly, but one hook reads a name not bound
+    there (a rename upstream): not "applies exactly", but behind, with the hook and the name."""
+    wheel, data = _fake_release(tmp_path, upstream_wheel, "9.9.9", [default_release.version])
+    monkeypatch.setattr(upstream, "simple_index", lambda timeout=30: data)
+    code = cli.main(["upstream", "--patches", str(unbound_patches), "--from-wheel", str(wheel)])
+    out = capsys.readouterr().out
+    assert code == upstream.BEHIND
+    assert "does not apply to 9.9.9 as it is (" in out and "not bound there in sglang 9.9.9" in out
+    assert "applies to 9.9.9 exactly" not in out
