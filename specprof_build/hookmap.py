@@ -239,10 +239,11 @@ def refuse_unbound(tree: Path, files: list[str], root=None, *, patches=(), relea
         f"first cycle; {fix or 'use the name upstream has there'}.")
 
 
-def refuse_unbound_in(tree: Path, rel, after: str) -> None:
+def refuse_unbound_in(tree: Path, rel, after: str = "", *, release: str | None = None, fix: str | None = None) -> None:
     """refuse_unbound over every file the series of `rel` (a release.Release) patches, in
-    `tree` with the series applied; the sentence names the patch and ends with `after`."""
-    fix = f"correct the patch in {rel.directory}; {after}"
+    `tree` with the series applied; the sentence names the patch and ends with `after` (or
+    `fix` in place of the whole advice). `release`: the release `tree` is, if not the series' own."""
+    fix = fix or f"correct the patch in {rel.directory}; {after}"
     texts = [(p.name, p.read_text()) for p in rel.patches]
     files = sorted({f for _, text in texts for f in hunks(text)})
-    refuse_unbound(tree, files, patches=texts, release=rel.version, fix=fix)
+    refuse_unbound(tree, files, patches=texts, release=rel.version if release is None else release, fix=fix)

@@ -83,9 +83,7 @@ def applies(rel: release.Release, wheel: Path, onto: str = "") -> str | None:
         repack.unpack_sources(wheel, tree)
         try:
             apply.apply_series(tree, rel.patches, log=lambda m: None)
-            texts = [(p.name, p.read_text()) for p in rel.patches]
-            files = sorted({f for _, text in texts for f in hookmap.hunks(text)})
-            hookmap.refuse_unbound(tree, files, patches=texts, release=onto, fix="rebase the series onto it")
+            hookmap.refuse_unbound_in(tree, rel, release=onto, fix="rebase the series onto it")
         except BuildError as e:
             return str(e)
     return None
