@@ -110,6 +110,29 @@ def totals(mode):
     return t["committed_tokens"], t["decode_gpu_ms"]
 
 
+def plain_totals(port):
+    """The committed tokens a profiled server without speculation counted since it started."""
+    st = http(port, "/server_info")["internal_states"][0]["speculative_profile"]
+    return st["totals"]["committed_tokens"]
+
+
+def capped_run(port, a, profile):
+    """The --alternate concurrency on the server at the default cap, twice, then its report's
+    cap lines (after the idle close wrote the window)."""
+    c = a.alternate or 128
+    rates = []
+    for _ in range(2):
+        tok, secs = load(port, c, new_tokens(c, a.tokens_scale))
+        rates.append(round(tok / secs, 1))
+    time.sleep(3.5)
+    here = os.path.dirname(os.path.abspath(__file__))
+    proc = subprocess.run([sys.executable, "-m", "sglang_specprof", "report", profile], capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=os.path.join(os.path.dirname(here), "overlay")))
+    lines = [ln.strip() for ln in proc.stdout.splitlines() if "running-request cap" in ln]
+    print("capped:", rates, *lines, sep="\n  ", flush=True)
+    return {"concurrency": c, "tok_s": rates, "cap_lines": lines, "report_rc": proc.returncode}
+
+
 def policy_figures(st):
     """{tier: [steps, the policy's tokens/s for it]} from /server_info's adaptive_policy."""
     out = {}
@@ -167,6 +190,14 @@ def main():
                     help="a server like the speculative one with upstream's step-0 path, answering the same "
                          "greedy requests at 0 steps (not in the rounds); both with SGLANG_SIMULATE_ACC_TOKEN_MODE="
                          "real-draft-token, so that a 0-step cycle commits the target's own token")
+    ap.add_argument("--profile-plain", action="store_true",
+                    help="the server without speculation runs --speculative-profile too (each forward timed whole, "
+                         "logs/profile-plain.jsonl): `sglang-specprof compare profile.jsonl profile-plain.jsonl` "
+                         "gives the zero-step tax by part; its committed tokens are checked against its clients'")
+    ap.add_argument("--capped-server", type=int, default=None, metavar="STEPS",
+                    help="one more server at STEPS static steps with the release's default running-request cap "
+                         "and the profile (logs/profile-capped.jsonl), loaded at the --alternate concurrency "
+                         "after the rounds: its report names the cap and the requests waiting for a slot")
     ap.add_argument("--upstream-server", action="store_true",
                     help="a third server: upstream's adaptive speculation with its default config and step-0 path")
     round_args(ap)
@@ -189,8 +220,15 @@ def main():
         ctl_argv = [x if x != profile else os.path.join(a.logs, "profile-control.jsonl") for x in argv]
         plan["control"] = (ctl_argv, dict(env, SGLANG_SPECPROF_POLICY_FILE=ctl_mode,
                                           SGLANG_SPECPROF_ZERO_STEP_DECODE="0"))
+    plain_profile = os.path.join(a.logs, "profile-plain.jsonl")
+    capped_profile = os.path.join(a.logs, "profile-capped.jsonl")
     if not a.no_plain:
-        plan["plain"] = (plain_args(common), dict(os.environ))
+        plan["plain"] = (plain_args(common) + (["--speculative-profile", "--speculative-profile-output", plain_profile]
+                                               if a.profile_plain else []), dict(os.environ))
+    if a.capped_server is not None:
+        capped = eagle3_args(target, draft, steps=a.capped_server, topk=1, graph_bs=a.graph_bs, max_tokens=60000)
+        plan["capped"] = (capped + ["--speculative-profile", "--speculative-profile-output", capped_profile],
+                          {k: v for k, v in env.items() if k != "SGLANG_SPECPROF_POLICY_FILE"})
     if a.upstream_server:
         up_env = {k: v for k, v in env.items() if k != "SGLANG_SPECPROF_POLICY_FILE"}
         plan["up"] = (common + ["--speculative-adaptive"], dict(up_env, SGLANG_SPECPROF_ZERO_STEP_DECODE="0"))
@@ -208,6 +246,9 @@ def main():
     cfg_path = os.path.join(a.logs, "adaptive-config.json")
     result_path = os.path.join(a.out, f"closed-loop-{installed_sglang()}{a.tag}.json")
     client_decode = 0
+    plain_check = None
+    if a.profile_plain and "plain" in servers:  # the plain server's clients against its own profile
+        plain_check = {"client_decode_tokens": 0, "profile_committed_tokens": None, "_before": None}
     step0 = None
     try:
         for c in sorted(set(a.concurrency) | ({a.alternate} if a.alternate else set())):
@@ -226,6 +267,8 @@ def main():
             print("step 0 against the server without speculation:", json.dumps(step0), flush=True)
         time.sleep(1.0)
         before = totals(mode)[0]
+        if plain_check is not None:
+            plain_check["_before"] = plain_totals(servers["plain"].port)
         for r in range(-a.warmup_rounds, a.rounds):
             if r >= 0 and a.max_seconds and time.time() - t0 > a.max_seconds:
                 print(f"stopping after {r} rounds (--max-seconds)", flush=True)
@@ -263,6 +306,8 @@ def main():
                         tok, secs = load(srv.port, c, new_tokens(c, a.tokens_scale))
                         reqs = c
                     got[m] = round(tok / secs, 2)
+                    if m == "plain" and plain_check is not None:
+                        plain_check["client_decode_tokens"] += tok - reqs
                     if m not in others:
                         client_decode += tok - reqs  # the first token of each is its prefill's
                         st = mode.state()
@@ -285,6 +330,11 @@ def main():
         exact = {"client_decode_tokens": client_decode,
                  "profile_committed_tokens": st["totals"]["committed_tokens"] - before,
                  "policy": st["adaptive_policy"]}
+        if plain_check is not None:
+            plain_check["profile_committed_tokens"] = plain_totals(servers["plain"].port) - plain_check.pop("_before")
+            exact["plain"] = plain_check
+        if "capped" in servers:
+            exact["capped"] = capped_run(servers["capped"].port, a, capped_profile)
         _write(result_path, a, runs, checks, statics, client_decode, exact, servers, step0)
         print(json.dumps({ld: {k: v for k, v in (analyse(runs[ld], statics) or {}).items()} for ld in loads},
                          indent=1))

@@ -97,6 +97,7 @@ def test_every_dashboard_query_names_a_gauge_the_server_exports(tmp_path):
     w["config"]["max_running_requests"] = 48
     for bk in w["buckets"].values():
         bk["kv_used_share"] = dict.fromkeys(("mean", "p50", "p90", "p99", "max"), 0.3) | {"n": 1}
+        bk["waiting_requests"] = dict.fromkeys(("mean", "p50", "p90", "p99", "max"), 80) | {"n": 1}
     got = _exported(w)
     labels = {name: {"tp_rank", *extra} for name, (_, extra) in GAUGES.items()}
     used = set()
@@ -124,7 +125,8 @@ def test_every_dashboard_query_names_a_gauge_the_server_exports(tmp_path):
 
 # gauges added after tests/data/metrics/0.5.16 was recorded on the GPU machine: not yet read
 # from a real server's /metrics
-ADDED_AFTER_RECORDING = {"sglang:specprof_kv_used_share", "sglang:specprof_running_requests_cap"}
+ADDED_AFTER_RECORDING = {"sglang:specprof_kv_used_share", "sglang:specprof_running_requests_cap",
+                         "sglang:specprof_waiting_requests"}
 
 
 def test_the_dashboard_reads_what_a_real_server_exported():

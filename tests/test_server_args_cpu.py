@@ -201,7 +201,6 @@ def test_parses_with_eagle3(parsed):
 
 
 @pytest.mark.parametrize("name, says", [
-    ("no-spec", "--speculative-profile needs speculative decoding"),
     ("ngram", "times the EAGLE and EAGLE3 workers only, not --speculative-algorithm NGRAM"),
     ("interval-0", "--speculative-profile-interval must be 1 or more"),
     ("no-folder", "the folder /nonexistent does not exist"),
@@ -241,6 +240,15 @@ def test_adaptive_speculation_is_profiled_where_the_series_times_it_and_refused_
         _one_sentence(parsed["adaptive"], "times --speculative-adaptive on SGLang 0.5.15 to 0.5.18 only")
         _one_sentence(parsed["adaptive-cost"], "--speculative-adaptive-policy needs the adaptive speculation hooks of SGLang 0.5.15 to 0.5.18")
         _one_sentence(parsed["cost-unprofiled"], "--speculative-adaptive-policy needs the adaptive speculation hooks of SGLang 0.5.15 to 0.5.18")
+
+
+def test_the_flag_without_speculation_is_taken_each_forward_timed_whole(parsed):
+    """A server without --speculative-algorithm is profiled too (plain.py): the baseline a
+    step-0 speculative cycle is compared with."""
+    case = parsed["no-spec"]
+    assert case["rc"] == 0, case["stderr"]
+    assert case["got"].pop("policy", None) is None
+    assert case["got"] == {"algo": None, "profile": True, "interval": 100, "output": None}
 
 
 def test_no_flag_leaves_upstream_behaviour(parsed):

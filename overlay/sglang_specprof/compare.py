@@ -26,6 +26,11 @@ from .window import bucket_order, bucket_steps
 MIN_WINDOWS = 3
 NO_CHANGE_ABS = 0.0005  # below the 3 decimals printed
 NO_CHANGE_REL = 0.001
+PLAIN = "plain"  # the worker of a profile of a server without speculation (--speculative-profile alone)
+# a step-0 cycle's phases against a plain decode's one forward (target_decode): the draft
+# extend, the verify that is the target's forward, and the rest of the scaffolding
+TAX_PARTS = (("draft extend", ("draft_extend_prep", "draft_extend", "draft_extend_post")),
+             ("verify", ("verify_prep", "verify")))
 SETTINGS = ("algorithm", "worker", "num_steps", "topk", "num_draft_tokens", "tp_size", "cuda_graph", "sglang",
             "phases_every")
 
@@ -167,6 +172,8 @@ class Side:
         if not self.adaptive and any(bucket_steps(k) is not None for k in buckets):
             self.adaptive, self.at_steps = True, None
         steps = (w.get("config") or {}).get("num_steps")
+        if steps is None and (w.get("config") or {}).get("worker") == PLAIN:
+            steps = 0  # a server without speculation: its buckets beside an adaptive run's at 0 steps
         for k, b in buckets.items():
             for keys, name in ((self.keys, k), (self.at_steps, k if steps is None else f"{k}@{steps}")):
                 if keys is not None:
@@ -226,7 +233,43 @@ def compare(a, b) -> dict:
                          "noise": None if noise is None else round(noise, 4),
                          "windows": [fa.k, fb.k], "verdict": verdict})
         out["buckets"][key] = rows
+        if PLAIN in (_worker(a), _worker(b)) and _worker(a) != _worker(b):
+            tax = zero_step_tax(ba[key], bb[key], plain_is_a=_worker(a) == PLAIN)
+            if tax is not None:
+                out.setdefault("zero_step_tax", {})[key] = tax
     return out
+
+
+def _worker(side: Side):
+    return (side.config or {}).get("worker")
+
+
+def _mean(key: _Key, label: str):
+    f = key.figures.get(label)
+    return None if f is None else f.stat()[0]
+
+
+def zero_step_tax(ka: _Key, kb: _Key, plain_is_a: bool) -> dict | None:
+    """A bucket run at 0 steps against the same batch size on a server without speculation:
+    what the speculative scaffolding adds over one plain decode forward, by part (the draft
+    extend, the verify, the rest of the cycle's phases), in GPU ms a cycle, and the tokens/s
+    ratio. None where either side lacks the figures (cycles not timed by phase)."""
+    plain, spec = (ka, kb) if plain_is_a else (kb, ka)
+    base = _mean(plain, "target_decode gpu ms")
+    phases = {n: _mean(spec, f"{n} gpu ms") for n in spec.names}
+    phases = {n: v for n, v in phases.items() if v is not None}
+    if not base or not phases:
+        return None
+    total = sum(phases.values())
+    parts, seen = {}, set()
+    for label, names in TAX_PARTS:
+        parts[label] = round(sum(phases.get(n, 0.0) for n in names), 4)
+        seen.update(names)
+    parts["the rest"] = round(sum(v for n, v in phases.items() if n not in seen), 4)
+    rp, rs = _mean(plain, "tokens/s"), _mean(spec, "tokens/s")
+    return {"plain_gpu_ms": round(base, 4), "step0_gpu_ms": round(total, 4), "tax": round(total / base - 1, 4),
+            "parts_gpu_ms": parts, "verify_over_plain": round(parts["verify"] / base - 1, 4),
+            "tokens_per_s_ratio": round(rs / rp, 4) if rp and rs else None}
 
 
 def format_compare(result: dict, name_a: str, name_b: str) -> str:
@@ -256,4 +299,13 @@ def format_compare(result: dict, name_a: str, name_b: str) -> str:
             lines.append(f"    {r['metric']:<26}{r['a']:>10.3f}{r['b']:>10.3f}{r['delta']:>+10.3f}{rel:>8}{noise:>9}  {r['verdict']}")
     if not result["buckets"]:
         lines.append("  no batch-size bucket appears in both runs")
+    tax = result.get("zero_step_tax") or {}
+    if tax:
+        lines.append("  the zero-step tax: a cycle at 0 steps against one decode forward of a server without "
+                     "speculation (GPU ms a cycle)")
+        for key, t in tax.items():
+            parts = ", ".join(f"{k} {v:.3f}" for k, v in t["parts_gpu_ms"].items())
+            ratio = "" if t["tokens_per_s_ratio"] is None else f"; tokens/s at 0 steps {t['tokens_per_s_ratio']:.3f}x the plain server's"
+            lines.append(f"    bs {key}: {t['step0_gpu_ms']:.3f} against {t['plain_gpu_ms']:.3f} ({100 * t['tax']:+.1f}%): "
+                         f"{parts} (the verify {100 * t['verify_over_plain']:+.1f}% over the plain forward){ratio}")
     return "\n".join(lines)

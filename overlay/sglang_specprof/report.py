@@ -309,6 +309,7 @@ class _Bucket:
         self.cyc, self.timed, self.wall, self.gap, self.period = (_Stats() for _ in range(5))
         self.ctx = None
         self.kv = None
+        self.waiting = None
         self.hist: list = []
         self.drafts: list = []
         self.positions = 0
@@ -371,6 +372,10 @@ class _Bucket:
             if self.kv is None:
                 self.kv = _Stats()
             self.kv.add(b["kv_used_share"])
+        if (b.get("waiting_requests") or {}).get("n"):
+            if self.waiting is None:
+                self.waiting = _Stats()
+            self.waiting.add(b["waiting_requests"])
         st = b.get("stalled") or {}
         stalled = self.stalled
         stalled["cycles"] += st.get("cycles") or 0
@@ -409,6 +414,7 @@ class _Bucket:
             "phase_marks_added": marks,
             "context_tokens": self.ctx.result() if self.ctx is not None else None,
             "kv_used_share": self.kv.result() if self.kv is not None else None,
+            "waiting_requests": self.waiting.result() if self.waiting is not None else None,
             "between_cycles_gpu_ms": gap,
             "cycle_period_gpu_ms": period,
             "stalled": stalled,

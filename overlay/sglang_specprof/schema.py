@@ -26,7 +26,7 @@ READS = ("sglang-specprof/1", SCHEMA)  # what a reader takes: this version and t
 # itself closes `draft_inputs`, `draft` and `draft_outputs` around a draft graph replay
 # (`draft_end()` closes `draft` when the draft ran eagerly). tests/test_series.py checks
 # every series against this list.
-PHASES = ("target_extend", "draft_prep", "draft_inputs", "draft", "draft_outputs", "tree", "verify_prep", "verify",
+PHASES = ("target_extend", "target_decode", "draft_prep", "draft_inputs", "draft", "draft_outputs", "tree", "verify_prep", "verify",
           "accept", "free_kv", "draft_extend_prep", "draft_extend", "draft_extend_post")
 
 _TOP = {

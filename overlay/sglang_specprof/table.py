@@ -45,9 +45,10 @@ KV_TARGET = 0.8  # the KV pool's share in use that an advised cap aims at
 
 def cap_lines(summary: dict) -> list[str]:
     """A line for each bucket that ran at the running-request cap (--max-running-requests; 0.5.16
-    sets 48 for a speculative server unless told): what held the batch there, the cap or the KV
-    pool, and the cap that would fill the pool to KV_TARGET. The profile sees the running
-    batch, not the queue: at the cap, requests beyond it wait for a slot."""
+    sets 48 for a speculative server unless told) with requests waiting for a slot: what held
+    the batch there, the cap or the KV pool, and the cap that would run the waiting requests
+    too without filling the pool past KV_TARGET. A profile without the waiting count (before
+    it was recorded) is judged by the batch alone: at the cap, requests beyond it wait."""
     cap = (summary.get("config") or {}).get("max_running_requests")
     if not isinstance(cap, int) or isinstance(cap, bool) or cap <= 0:
         return []
@@ -59,14 +60,23 @@ def cap_lines(summary: dict) -> list[str]:
         batch = (n + ((b.get("accept") or {}).get("skipped_requests") or 0)) / b["cycles"]
         if batch < AT_CAP * cap:
             continue
+        w = b.get("waiting_requests") or {}
+        waiting = w.get("mean") if w.get("n") else None
+        if waiting is not None and not w.get("max"):
+            continue  # at the cap, and nothing waited: the cap held nothing back
         kv = b.get("kv_used_share") or {}
         line = f"bs {key}: {batch:.1f} requests a cycle against the running-request cap of {cap}"
+        if waiting is not None:
+            line += f", {waiting:.0f} waiting for a slot"
         if kv.get("max") is not None:
             line += f", the KV pool {100 * kv['mean']:.0f}% used (at most {100 * kv['max']:.0f}%)"
             if kv["max"] < KV_TARGET:
-                advised = int(cap * KV_TARGET / max(kv["max"], 1e-3))
+                room = int(cap * KV_TARGET / max(kv["max"], 1e-3))  # the running requests the pool holds
+                advised = room if waiting is None else max(cap + 1, min(room, round(batch + waiting)))
                 line += (f": the cap, not the memory, held the batch (requests beyond {cap} wait for a slot); "
-                         f"--max-running-requests {advised} would fill the pool to about {100 * KV_TARGET:.0f}%")
+                         f"--max-running-requests {advised} would run "
+                         + ("them" if waiting is not None and advised >= batch + waiting else
+                            f"more, the pool filled to about {100 * KV_TARGET:.0f}%"))
             else:
                 line += ": the KV pool is near full too; a larger cap needs more KV memory"
         else:
@@ -81,11 +91,13 @@ def format_summary(s: dict, pause=None, advice: dict | None = None) -> str:
     the whole profile), so that each bucket's line is the table's; without it (the live
     log) each bucket's line is predicted from that bucket alone."""
     cfg = s.get("config", {})
+    plain = cfg.get("worker") == "plain"  # a server without speculation: each forward timed whole
     lines = [
         f"window {s.get('window')} rank {s.get('rank')}: {s.get('decode_cycles')} decode cycles in "
         f"{_f(s.get('seconds'), 2)} s, {_f(s.get('tokens_per_s'), 1)} tok/s  "
-        f"[{cfg.get('algorithm')} {cfg.get('worker')} steps={cfg.get('num_steps')} topk={cfg.get('topk')} "
-        f"draft_tokens={cfg.get('num_draft_tokens')}]"
+        + ("[no speculation: each forward timed whole]" if plain else
+           f"[{cfg.get('algorithm')} {cfg.get('worker')} steps={cfg.get('num_steps')} topk={cfg.get('topk')} "
+           f"draft_tokens={cfg.get('num_draft_tokens')}]")
     ]
     n_adm = s.get("admissions") or 0
     if s.get("prefill_seconds") or n_adm:
@@ -106,7 +118,8 @@ def format_summary(s: dict, pause=None, advice: dict | None = None) -> str:
         lines.append(
             f"  bs {key}: {b['cycles']} cycles, cycle {_f(b['cycle_gpu_ms']['mean'])} ms GPU, {period}"
             f"host {_f(b['cycle_wall_ms']['mean'])} ms, "
-            f"accept len {_f(acc['mean_length'], 2)} (by position {pos}), {_f(b['tokens_per_s'], 1)} tok/s"
+            + ("" if plain else f"accept len {_f(acc['mean_length'], 2)} (by position {pos}), ")
+            + f"{_f(b['tokens_per_s'], 1)} tok/s"
         )
         skipped, cut = acc.get("skipped_requests") or 0, acc.get("cut_tokens") or 0
         if skipped or cut:
@@ -129,8 +142,9 @@ def format_summary(s: dict, pause=None, advice: dict | None = None) -> str:
             steps = " ".join(_f(st["mean"]) for st in b["draft_steps_gpu_ms"])
             lines.append(f"    draft steps gpu ms: {steps}")
         gr = b["graph"]
-        lines.append(f"    graph replays: {_counts(gr['replays'])}; eager: {_counts(gr['eager'])}; "
-                     f"padding {_f(gr['padding_mean'], 2)}")
+        if not plain:  # the speculative forwards' graphs (a plain forward's are upstream's own)
+            lines.append(f"    graph replays: {_counts(gr['replays'])}; eager: {_counts(gr['eager'])}; "
+                         f"padding {_f(gr['padding_mean'], 2)}")
         line = _advice_line(b, cfg, None if advice is None else advice.get(key))
         if line:
             lines.append(line)

@@ -51,6 +51,7 @@ class Cycle:
     # graphs (and what a first replay compiles), the switch's cost, not the setting's
     switched: bool = False
     kv_used: float | None = None  # the share of the KV pool in use at its start (v2 from 0.5.13, timed by phase)
+    waiting: int | None = None  # requests waiting for a running slot at its start (timed by phase)
 
 
 GRAPH_KINDS = ("draft", "verify", "draft_extend")  # the forwards that replay a CUDA graph or run eager
@@ -193,6 +194,7 @@ class Bucket:
         self.phase_cycle_gpu = Series()  # the cycles timed phase by phase (all, or one in --speculative-profile-phases-every)
         self.context = Series()
         self.kv_used = Series()  # the KV pool's share in use at the cycles' start
+        self.waiting = Series()  # the requests waiting for a running slot at the cycles' start
         self.period = Series()
         self.period_gpu = Series()
         self.decode_ms = 0.0  # GPU time of decode: the cycles' spans and the gaps between consecutive ones
@@ -265,6 +267,8 @@ class Bucket:
             self.context.add(c.context_tokens)
         if c.kv_used is not None:
             self.kv_used.add(c.kv_used)
+        if c.waiting is not None:
+            self.waiting.add(c.waiting)
         for i, s in enumerate(c.steps_gpu_ms):
             while len(self.steps) <= i:
                 self.steps.append(Series())
@@ -360,6 +364,7 @@ class Bucket:
             "phase_cycle_gpu_ms": self.phase_cycle_gpu.stats(),
             "context_tokens": self.context.stats(),
             "kv_used_share": self.kv_used.stats(),
+            "waiting_requests": self.waiting.stats(),
             "between_cycles_gpu_ms": self.gap.stats(),
             "cycle_period_gpu_ms": self.period_gpu.stats(),
             "cycle_wall_ms": self.period.stats(),

@@ -18,6 +18,7 @@ from . import zero_step
 from .jsonl import JsonlSink, rank_path
 from .kernel_sampler import CYCLES, KernelSampler
 from .null import NullProfiler
+from .plain import PlainProfiler, time_forwards
 from .policy import POLICY_FILE_ENV, CostPolicy, follow_file
 from .profiler import Profiler
 from .sinks import Advice
@@ -25,7 +26,7 @@ from .sinks import Advice
 logger = logging.getLogger("sglang.specprof")
 
 P = NullProfiler()
-_state = {"warned": False, "paused": None, "state_errors": set()}
+_state = {"warned": False, "paused": None, "state_errors": set(), "scheduler": None}
 # With this set (SIGUSR2, say), that signal to a scheduler process pauses its profiler (the
 # hooks go to the null profiler, as with the flag off) and the next one resumes it: the
 # flag's cost measured on and off in one process (bench/overhead.py --same-process).
@@ -99,10 +100,14 @@ def _resolved(server_args):
 # the bottleneck and a reader thread then takes the GIL from the scheduler at every torch call
 # (bench/hook_cost.py --wait-kind overlap); v1 on a reader thread, which works inside the
 # verify's wait for its result, a whole forward long, and is idle again when it ends.
-READING = {"v1": True, "v2": "outputs"}
+# A server without speculation ("plain") reads as v2 does: its forward under overlap is
+# launched before the result of the one before is waited for.
+READING = {"v1": True, "v2": "outputs", "plain": "outputs"}
 
 
 def install(server_args, tp_rank: int = 0, worker: str = "v2") -> None:
+    """`worker`: "v1" or "v2" (the EAGLE worker's constructor), "plain" (`idle`, on a server
+    without speculation)."""
     global P
     if not getattr(server_args, "speculative_profile", False):
         P = NullProfiler()
@@ -158,7 +163,8 @@ def install(server_args, tp_rank: int = 0, worker: str = "v2") -> None:
                 logger.warning("speculative profile: no spread across ranks (%s).", e)
         backend = CudaBackend()
         config["events"] = backend.kind  # "cuda.bindings", or "torch" without it
-        P = Profiler(backend, interval=server_args.speculative_profile_interval, sink=sinks,
+        P = (PlainProfiler if worker == "plain" else Profiler)(
+                     backend, interval=server_args.speculative_profile_interval, sink=sinks,
                      config=config, rank=tp_rank, log_table=(tp_rank == 0), exchange=exchange,
                      threaded=READING.get(worker, True), on_error=disable,
                      phases_every=config["phases_every"], advice=advice)
@@ -174,7 +180,8 @@ def install(server_args, tp_rank: int = 0, worker: str = "v2") -> None:
             except Exception as e:
                 logger.warning("speculative profile: no kernel samples (%s: %s).", type(e).__name__, e)
         every_phase = config["phases_every"]
-        logger.info("speculative profile on (%s worker, window %d cycles, %s, events through %s%s%s)", worker,
+        logger.info("speculative profile on (%s, window %d cycles, %s, events through %s%s%s)",
+                    "no speculation: each forward one phase" if worker == "plain" else f"{worker} worker",
                     server_args.speculative_profile_interval,
                     "every phase of every cycle" if every_phase == 1 else
                     f"every cycle, its phases in one of {every_phase}", backend.kind,
@@ -182,6 +189,37 @@ def install(server_args, tp_rank: int = 0, worker: str = "v2") -> None:
     except Exception as e:
         logger.warning("speculative profile could not start (%s: %s); serving without it.", type(e).__name__, e)
         P = NullProfiler()
+
+
+def idle(scheduler=None) -> None:
+    """Upstream's idle housekeeping (scheduler-idle-window.patch), before its own guard: the
+    profiler's idle close (`Profiler.idle`), and, the first time, the Scheduler itself, which
+    idles before its first request: the profiler reads its waiting queue from then on, and on a
+    server without speculation given --speculative-profile, the plain profile starts here."""
+    if scheduler is not _state["scheduler"]:
+        _attach(scheduler)
+    P.idle()
+
+
+def _attach(scheduler) -> None:
+    _state["scheduler"] = scheduler
+    if scheduler is None:
+        return
+    try:
+        args = getattr(scheduler, "server_args", None)
+        if (args is not None and getattr(args, "speculative_profile", False) and not P.enabled
+                and _state["paused"] is None and not _state["warned"]
+                and getattr(args, "speculative_algorithm", None) is None):
+            install(args, getattr(scheduler, "tp_rank", 0) or 0, "plain")
+            if P.enabled:
+                worker = getattr(scheduler, "model_worker", None) or scheduler.tp_worker
+                time_forwards(worker, lambda: P)
+        for p in (P, _state["paused"]):
+            if p is not None and p.enabled:
+                p.scheduler = scheduler
+    except Exception as e:
+        logger.warning("speculative profile: the scheduler's queue is not read (%s: %s); the server keeps serving.",
+                       type(e).__name__, printable(str(e)))
 
 
 def adaptive(controller, server_args) -> None:

@@ -25,6 +25,8 @@ GAUGES = {
                                        "(the device waiting while the host admitted requests).", ["kind"]),
     "sglang:specprof_kv_used_share": ("Mean share of the KV pool the running requests held at the bucket's cycles' "
                                       "start.", ["bucket"]),
+    "sglang:specprof_waiting_requests": ("Mean requests waiting for a running slot at the bucket's cycles' start "
+                                         "(beyond --max-running-requests, or the KV pool's room).", ["bucket"]),
     "sglang:specprof_running_requests_cap": ("The running-request cap (--max-running-requests) the profile read.", []),
     "sglang:specprof_advisor_best_steps": ("The step count the advisor predicts fastest for the bucket.", ["bucket"]),
     "sglang:specprof_advisor_expected_gain": ("The advisor's predicted tokens/s gain of its pick over the running "
@@ -82,6 +84,7 @@ class MetricsSink:
             self._set("sglang:specprof_accept_length", b["accept"]["mean_length"], bucket=key)
             self._set("sglang:specprof_bucket_tokens_per_s", b.get("tokens_per_s"), bucket=key)
             self._set("sglang:specprof_kv_used_share", (b.get("kv_used_share") or {}).get("mean"), bucket=key)
+            self._set("sglang:specprof_waiting_requests", (b.get("waiting_requests") or {}).get("mean"), bucket=key)
             for i, a in enumerate(b["accept"]["per_position"], 1):
                 self._set("sglang:specprof_position_accept_rate", a, bucket=key, position=str(i))
             adv = advice.get(key)

@@ -29,7 +29,7 @@ from .accept import AcceptHooks
 from .folder import Folder
 from .graphs import DraftGraphs, GraphHooks
 from .null import NullProfiler
-from .reader import Reader, Slot, batch_state
+from .reader import Reader, Slot, batch_state, waiting_requests
 from .sinks import Advice, LogTableSink, Outputs, RankSpreadSink
 
 logger = logging.getLogger("sglang.specprof")
@@ -91,6 +91,9 @@ class Profiler(GraphHooks, AcceptHooks, NullProfiler):
         self._stream_id = getattr(backend, "stream_id", None) or type(None)
         self._sraw = getattr(backend, "sraw", None)  # the stream handle the records go to
         self.seq = 0
+        # the Scheduler, once its idle housekeeping passed it (hooks.idle): its waiting queue is
+        # read in the cycles timed by phase
+        self.scheduler = None
         self.graphs = DraftGraphs(backend, clock)
         self.reader = Reader(backend, self.free, self.graphs, self.behind, pool=POOL)
         # Reading the events, folding and window closes run in `folder` (helper threads in the
@@ -119,8 +122,9 @@ class Profiler(GraphHooks, AcceptHooks, NullProfiler):
         self._idle_seen = None  # (window, decode cycles in it, host time) where `idle` last found it
         self.dropped = 0  # cycles not timed: no free slot (events that do not complete)
         self.marks_lost = 0  # phase or step marks past a cycle's room (never expected; counted, shown)
-        # v2: acceptance is settled against the requests where the scheduler commits it
-        self.settle_on_commit = self.config.get("worker") == "v2"
+        # v2 (and a server without speculation): acceptance is settled against the requests
+        # where the scheduler commits it
+        self.settle_on_commit = self.config.get("worker") in ("v2", "plain")
         self.unsettled: deque = deque()  # correct-draft lists harvested, waiting for their commit
         self.open_commit = None  # (reqs, correct, visible before) between commit_begin and commit_end
         self.uncut_cycles = 0  # v2 cycles counted without their commit (a hook not reached): counted as verified
@@ -218,6 +222,8 @@ class Profiler(GraphHooks, AcceptHooks, NullProfiler):
             s.host[0] = self.clock()
             if s.detail and ctx is not None:  # a tensor's sum costs microseconds: the cycles timed by phase only
                 s.ctx, s.kv = (ctx, None) if ctx.__class__ is int else batch_state(ctx)
+                if self.scheduler is not None:
+                    s.waiting = waiting_requests(self.scheduler)
             self.cur = s
         except Exception as e:  # never take the server down
             self._fail(e)
@@ -294,6 +300,8 @@ class Profiler(GraphHooks, AcceptHooks, NullProfiler):
             if kind != "decode" or self.detail_all:
                 if ctx is not None:
                     s.ctx, s.kv = (ctx, None) if ctx.__class__ is int else batch_state(ctx)
+                    if self.scheduler is not None:
+                        s.waiting = waiting_requests(self.scheduler)
             else:
                 seen = self._detail_seen
                 k = seen.get(bs, 0)
@@ -302,6 +310,8 @@ class Profiler(GraphHooks, AcceptHooks, NullProfiler):
                     s.detail = False
                 elif ctx is not None:
                     s.ctx, s.kv = (ctx, None) if ctx.__class__ is int else batch_state(ctx)
+                    if self.scheduler is not None:
+                        s.waiting = waiting_requests(self.scheduler)
             self.cur = s
             b = self.backend
             self._sraw = b.refresh()  # the stream's handle (each cycle's `end` checks it)

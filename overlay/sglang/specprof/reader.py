@@ -60,6 +60,15 @@ def kv_share(ctx):
         return None
 
 
+def waiting_requests(scheduler):
+    """The requests in the scheduler's waiting queue (admitted, not yet running: beyond the
+    running-request cap or the KV pool's room); None where there is none. Never raises."""
+    try:
+        return len(scheduler.waiting_queue)
+    except Exception:
+        return None
+
+
 def batch_state(ctx):
     """(context tokens, KV pool share in use) of a cycle, from what the hook passes (not a
     number: the profiler takes a number as it is)."""
@@ -69,7 +78,7 @@ def batch_state(ctx):
 class Slot:
     __slots__ = ("events", "h", "host", "names", "n", "step_events", "ns", "kind", "bs", "ctx", "graph", "steps_key",
                  "steps_replay", "steps_ms", "replay_key", "seq", "gc_ms", "span", "detail", "eager_steps", "replaying",
-                 "replayed", "steps", "switched", "kv")
+                 "replayed", "steps", "switched", "kv", "waiting")
 
     def __init__(self, backend):
         self.events = [backend.new_event() for _ in range(FIRST_MARKS)]
@@ -102,6 +111,7 @@ class Slot:
         self.steps = None  # the step count it ran at (--speculative-adaptive only)
         self.switched = False  # the first decode cycle after the step count changed
         self.kv = None  # the share of the KV pool in use at its start (cycles timed by phase, v2 from 0.5.13)
+        self.waiting = None  # requests waiting for a running slot at its start (cycles timed by phase)
 
 
 class Reader:
@@ -269,6 +279,8 @@ class Reader:
             c.switched = True
         if s.kv is not None:
             c.kv_used = s.kv
+        if s.waiting is not None:
+            c.waiting = s.waiting
         with self.lock:
             t = self.timing
             t[s.kind + "_cycles"] = t.get(s.kind + "_cycles", 0) + 1

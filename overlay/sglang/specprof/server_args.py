@@ -38,7 +38,9 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         default=False,
         help="Time every EAGLE/EAGLE3 speculative decode cycle phase by phase on the GPU "
         "(CUDA events, no added synchronisation) and report per phase, per draft step and "
-        "per position in the log, /server_info and, with --enable-metrics, Prometheus.",
+        "per position in the log, /server_info and, with --enable-metrics, Prometheus. "
+        "Without --speculative-algorithm each forward is timed whole: the baseline for a "
+        "step-0 cycle.",
     )
     group.add_argument(
         "--speculative-profile-interval",
@@ -113,12 +115,9 @@ def validate(args) -> None:
                 )
         return
     algo = args.speculative_algorithm
-    if algo is None:
-        raise SpecProfileArgError(
-            "--speculative-profile needs speculative decoding: add --speculative-algorithm EAGLE3 "
-            "(or EAGLE) and a --speculative-draft-model-path."
-        )
-    if str(algo).upper() not in PROFILED_ALGORITHMS:
+    # without speculation each forward is timed whole (plain.py): the baseline a step-0 cycle
+    # is compared with
+    if algo is not None and str(algo).upper() not in PROFILED_ALGORITHMS:
         raise SpecProfileArgError(
             f"--speculative-profile times the EAGLE and EAGLE3 workers only, "
             f"not --speculative-algorithm {algo}."
