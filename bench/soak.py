@@ -344,10 +344,11 @@ def analyse(samples: list, warmup_s: float, read: dict | None = None, published_
     """The soak's figures from its samples (see `Sampler.sample`) and the profile's windows."""
     out = {}
     fits = {}
+    loaded = [s for s in samples if not s.get("drained")]  # the sample after the load ended: not in the slopes
     for name in ("on", "off"):
-        pts = [(s["t"], s[name]["sched_rss_mb"]) for s in samples if s.get(name) and s[name].get("sched_rss_mb")]
-        anon = [(s["t"], s[name]["sched_anon_mb"]) for s in samples if s.get(name) and s[name].get("sched_anon_mb")]
-        rest = [(s["t"], s[name]["other_rss_mb"]) for s in samples if s.get(name) and s[name].get("other_rss_mb")]
+        pts = [(s["t"], s[name]["sched_rss_mb"]) for s in loaded if s.get(name) and s[name].get("sched_rss_mb")]
+        anon = [(s["t"], s[name]["sched_anon_mb"]) for s in loaded if s.get(name) and s[name].get("sched_anon_mb")]
+        rest = [(s["t"], s[name]["other_rss_mb"]) for s in loaded if s.get(name) and s[name].get("other_rss_mb")]
         fits[name] = fit_slope(pts, warmup_s)
         after = [y for t, y in pts if t >= warmup_s]
         out[name] = {"rss_mb_per_min": fits[name], "anon_mb_per_min": fit_slope(anon, warmup_s),
@@ -605,8 +606,8 @@ def main():
             archive.poll()
             time.sleep(min(1.0, max(a.seconds - now, 0.05)))
         load_s = time.time() - t0
-        drained = {n: c.finish() for n, c in clients.items()}
-        res["samples"].append(sample(time.time() - t0, servers, clients, profile, archive))
+        drained = {n: c.finish(timeout=120) for n, c in clients.items()}
+        res["samples"].append(dict(sample(time.time() - t0, servers, clients, profile, archive), drained=True))
         time.sleep(IDLE_CLOSE_WAIT_S)
         after_state = server_profile(servers["on"].port)
         archive.poll()
