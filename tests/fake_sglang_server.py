@@ -157,7 +157,11 @@ def main():
             if self.path == "/health":
                 self._send({})
             elif self.path == "/server_info":
-                self._send({"internal_states": [{}]})
+                state = {}
+                if a.speculative_profile:  # as the series' scheduler adds it (hooks.internal_state)
+                    state["speculative_profile"] = {"enabled": True, "latest": profiler.latest(),
+                                                    "totals": profiler.totals_now()}
+                self._send({"internal_states": [state]})
             else:
                 self.send_error(404)
 
