@@ -23,9 +23,10 @@ PLOT_POSITIONS = 32  # draft positions drawn at most
 WARMUP_CYCLES = MIN_CYCLES
 
 # one colour per phase of the schema, in the cycle's order: the draft's in blues and cyans, the
-# tree olive, verify's in oranges, accept and free_kv in greens, the draft extend's in purples
+# tree olive, verify's in oranges, accept and free_kv in greens, the draft extend's in purples,
+# a server without speculation's forward (target_decode) red
 PHASE_COLOURS = {
-    "target_extend": "#8c564b", "draft_prep": "#aec7e8", "draft_inputs": "#17becf", "draft": "#1f77b4",
+    "target_extend": "#8c564b", "target_decode": "#d6616b", "draft_prep": "#aec7e8", "draft_inputs": "#17becf", "draft": "#1f77b4",
     "draft_outputs": "#9edae5", "tree": "#bcbd22", "verify_prep": "#ffbb78", "verify": "#ff7f0e",
     "accept": "#2ca02c", "free_kv": "#98df8a", "draft_extend_prep": "#c5b0d5", "draft_extend": "#9467bd",
     "draft_extend_post": "#f7b6d2",
