@@ -176,6 +176,13 @@ def independent_check(server, concurrency, new_tokens):
     return out
 
 
+def started(a) -> list:
+    """The servers this run starts, in the default start order."""
+    names = ["on"] if a.same_process else ["off", "on"]
+    names += (["upstream"] if a.upstream_path else []) + (["upstream2"] if a.aa else [])
+    return names + (["check"] if a.check else [])
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=8)
@@ -204,12 +211,19 @@ def main():
     ap.add_argument("--aa", action="store_true",
                     help="with --upstream-path: a second unpatched server (`upstream2`) in the rotation, the A/A "
                          "control: how far two equal servers differ on their own, beside every other ratio")
+    ap.add_argument("--start-order", default=None, metavar="NAMES",
+                    help="the servers' start order, comma-separated (e.g. upstream,on,off,upstream2; default: off, "
+                         "on, upstream, upstream2): a server's place in the start order (its memory, its graphs' "
+                         "capture beside the others) is told apart from its build by running it elsewhere")
     ap.add_argument("--tag", default="", help="suffix of the result files' names")
     ap.add_argument("--same-process", action="store_true",
                     help="on and off in one server: its profiler paused and resumed by a signal between runs")
     a = ap.parse_args()
     if a.aa and not a.upstream_path:
         ap.error("--aa needs --upstream-path (the A/A pair is two unpatched servers)")
+    order = a.start_order.split(",") if a.start_order else started(a)
+    if sorted(order) != sorted(started(a)):
+        ap.error(f"--start-order names {','.join(order)}, but this run starts {','.join(started(a))}: name each once")
     t0 = time.time()
     os.makedirs(a.out, exist_ok=True)
     os.makedirs(a.logs, exist_ok=True)
@@ -230,6 +244,7 @@ def main():
     if a.check:
         plan["check"] = (common + ["--speculative-profile", "--enable-metrics"],
                          dict(env, SGLANG_ENABLE_METRICS_DEVICE_TIMER="1"))
+    plan = {n: plan[n] for n in order}
     servers = start_all(plan, a.logs, cpus=a.cpus)
     clocks = None
     try:
@@ -263,7 +278,7 @@ def main():
             if "upstream2" in runs:  # the A/A control: two unpatched servers, equal but for chance
                 res["tok_s_upstream2"] = [round(x, 2) for x in runs["upstream2"]]
                 res.update(ratio_summary("_aa", [b / u for b, u in zip(runs["upstream2"], runs["upstream"])]))
-            res.update({"rounds": len(ratios), "new_tokens": a.new_tokens,
+            res.update({"rounds": len(ratios), "new_tokens": a.new_tokens, "start_order": order,
                         "command": portable_command("bench/overhead.py", sys.argv[1:]),
                         "machine": machine(), "date": datetime.date.today().isoformat(),
                         "profiler": profiler})

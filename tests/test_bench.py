@@ -63,8 +63,12 @@ def test_overhead_aa_puts_a_second_unpatched_server_in_the_rotation(tmp_path):
     up = tmp_path / "unpatched"
     up.mkdir()
     run("overhead.py", tmp_path, "--sglang", "0.5.12", "--rounds", "3", "--concurrency", "2", "--new-tokens", "96",
-        "--upstream-path", str(up), "--aa", "--shape", "1b")
+        "--upstream-path", str(up), "--aa", "--shape", "1b", "--start-order", "upstream2,on,upstream,off")
     r = json.loads((tmp_path / "overhead-0.5.12-c2.json").read_text())
+    assert r["start_order"] == ["upstream2", "on", "upstream", "off"]
+    logs = tmp_path / "logs"  # started in that order: each log begun before the next
+    began = [(logs / f"server-{n}.log").stat().st_ctime_ns for n in r["start_order"]]
+    assert began == sorted(began)
     assert len(r["tok_s_upstream"]) == len(r["tok_s_upstream2"]) == len(r["ratios_aa"]) == 3
     assert r["ratios_aa"] == [round(b / u, 4) for b, u in zip(r["tok_s_upstream2"], r["tok_s_upstream"])]
     assert r["median_ratio_aa_ci95"][0] <= r["median_ratio_aa"] <= r["median_ratio_aa_ci95"][1]
@@ -75,6 +79,12 @@ def test_overhead_aa_puts_a_second_unpatched_server_in_the_rotation(tmp_path):
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "overhead.py"), "--aa", "--out", str(tmp_path / "x"),
                            "--logs", str(tmp_path / "x" / "logs")], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "--aa needs --upstream-path" in proc.stderr
+    assert not (tmp_path / "x").exists()
+    # a start order that leaves a server out (or names one the run has not): the same
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "overhead.py"), "--start-order", "on,upstream",
+                           "--out", str(tmp_path / "x"), "--logs", str(tmp_path / "x" / "logs")],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "--start-order names on,upstream, but this run starts off,on" in proc.stderr
     assert not (tmp_path / "x").exists()
 
 
