@@ -1,8 +1,9 @@
 """--speculative-profile on the NGRAM worker: no draft model, drafts matched on the CPU.
 
 A decode cycle of `NGRAMWorker.forward_batch_generation` is, in every release from 0.5.8:
-the draft tokens matched against the n-gram cache on the host (`_prepare_draft_tokens`,
-which first copies the last cycle's accepted tokens to the host), their tree's indices and
+the draft tokens matched against the n-gram cache on the host (`_prepare_draft_tokens`;
+from 0.5.14, under overlap, it first copies the previous cycle's accepted tokens to the host,
+upstream's wait for that cycle's verify, inside this phase), their tree's indices and
 masks built and copied to the device (the rest of `_prepare_for_speculative_decoding`), the
 target's verify forward (`target_worker.forward_batch_generation(..., is_verify=True)`), the
 sampling and acceptance, and the cache updated with what was accepted (`_update_ngram_cache`,
