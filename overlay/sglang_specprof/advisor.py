@@ -36,6 +36,20 @@ from dataclasses import dataclass, field
 VERIFY = "verify"
 DRAFT = "draft"
 DRAFT_EXTEND = "draft_extend"
+# Algorithms that draft without a draft model (NGRAM matches its drafts in an n-gram cache on
+# the host): no draft forward whose cost grows with the step count, so the model above does not
+# describe their cycles
+NO_DRAFT_MODEL = ("NGRAM",)
+
+
+def not_applicable(config: dict | None) -> str | None:
+    """Why the step-count model does not describe a profile's cycles (one sentence), or None."""
+    algorithm = str((config or {}).get("algorithm") or "").upper()
+    if algorithm in NO_DRAFT_MODEL:
+        return (f"the step-count advisor does not apply to {algorithm}: its drafts are matched on the host, with "
+                f"no draft forward per step whose cost it could weigh against acceptance "
+                f"(--speculative-num-draft-tokens sets how many tokens each request verifies)")
+    return None
 
 
 @dataclass
@@ -240,7 +254,7 @@ def window_advice(summary: dict) -> dict:
     alone), keyed by bucket; a bucket it cannot judge is left out. Never raises."""
     steps = (summary.get("config") or {}).get("num_steps")
     out = {}
-    if not steps:
+    if not steps or not_applicable(summary.get("config")):
         return out
     for key, b in (summary.get("buckets") or {}).items():
         try:

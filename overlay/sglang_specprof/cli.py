@@ -14,7 +14,7 @@ import os
 import sys
 from collections import deque
 
-from . import adaptive, compare as compare_mod, page, report
+from . import adaptive, advisor, compare as compare_mod, page, report
 from .plot import plot
 from .schema import ProfileError
 from .table import printable
@@ -147,6 +147,9 @@ def main(argv=None) -> int:
             print(text)
             summary, advice, measured = done[0]
             if args.adaptive_config:
+                why = advisor.not_applicable(summary.get("config"))
+                if why:
+                    raise report.SourceError(f"{args.source}: {why}; {args.adaptive_config} was not written")
                 conf = adaptive.upstream_config(summary, advice, args.adaptive_margin / 100, args.source,
                                                 measured=measured)
                 if not conf:

@@ -609,7 +609,7 @@ def advise(summary: dict) -> dict:
     steps = summary.get("config", {}).get("num_steps")
     topk = summary.get("config", {}).get("topk")
     out = {}
-    if not steps or config_problems(summary.get("config")):
+    if not steps or config_problems(summary.get("config")) or advisor.not_applicable(summary.get("config")):
         return out
     fit = advisor.fit_verify(summary.get("verify_points") or [], steps,
                              advisor.draft_tokens(summary.get("config"), steps))

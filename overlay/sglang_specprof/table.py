@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from .advisor import inputs_from_bucket, predict
+from .advisor import inputs_from_bucket, not_applicable, predict
 from .kernels import format_block
 
 # what a terminal acts on rather than shows: C0 and C1 controls (escape sequences, a newline
@@ -96,9 +96,14 @@ def format_summary(s: dict, pause=None, advice: dict | None = None) -> str:
         f"window {s.get('window')} rank {s.get('rank')}: {s.get('decode_cycles')} decode cycles in "
         f"{_f(s.get('seconds'), 2)} s, {_f(s.get('tokens_per_s'), 1)} tok/s  "
         + ("[no speculation: each forward timed whole]" if plain else
+           f"[{cfg.get('algorithm')} {cfg.get('worker')} no draft model, draft_tokens={cfg.get('num_draft_tokens')}]"
+           if not_applicable(cfg) else
            f"[{cfg.get('algorithm')} {cfg.get('worker')} steps={cfg.get('num_steps')} topk={cfg.get('topk')} "
            f"draft_tokens={cfg.get('num_draft_tokens')}]")
     ]
+    why = None if plain else not_applicable(cfg)
+    if why:  # said once, in place of each bucket's advice line
+        lines.append(f"  advisor: {why}")
     n_adm = s.get("admissions") or 0
     if s.get("prefill_seconds") or n_adm:
         beside = s.get("beside_prefill_seconds") or 0.0
@@ -143,9 +148,12 @@ def format_summary(s: dict, pause=None, advice: dict | None = None) -> str:
             lines.append(f"    draft steps gpu ms: {steps}")
         gr = b["graph"]
         if not plain:  # the speculative forwards' graphs (a plain forward's are upstream's own)
-            lines.append(f"    graph replays: {_counts(gr['replays'])}; eager: {_counts(gr['eager'])}; "
+            # without a draft model the verify is the only forward a cycle runs
+            replays, eager = ((_only(gr["replays"], "verify"), _only(gr["eager"], "verify")) if why
+                              else (gr["replays"], gr["eager"]))
+            lines.append(f"    graph replays: {_counts(replays)}; eager: {_counts(eager)}; "
                          f"padding {_f(gr['padding_mean'], 2)}")
-        line = _advice_line(b, cfg, None if advice is None else advice.get(key))
+        line = None if why else _advice_line(b, cfg, None if advice is None else advice.get(key))
         if line:
             lines.append(line)
         st = b.get("stalled") or {}
@@ -193,6 +201,10 @@ def format_summary(s: dict, pause=None, advice: dict | None = None) -> str:
     except Exception:  # the live log never fails on a field it does not expect
         pass
     return printable_lines("\n".join(lines))  # phase names and settings come from the profile
+
+
+def _only(d, key):
+    return {key: d.get(key, 0)} if isinstance(d, dict) else d
 
 
 def _counts(d) -> str:

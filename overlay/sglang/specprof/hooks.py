@@ -1,8 +1,10 @@
 """What the patched SGLang files call. `P` is the process's profiler.
 
 With --speculative-profile off, `P` stays a NullProfiler and each hook is one Python
-call that does nothing. `install()` runs once per scheduler process, from the EAGLE
-worker's constructor, before the draft CUDA graphs are captured.
+call that does nothing. `install()` runs once per scheduler process, from the EAGLE (or
+STANDALONE) worker's constructor, before the draft CUDA graphs are captured; on an NGRAM
+server (no draft model, no graphs of its own) and a server without speculation, from the
+scheduler's idle housekeeping before the first request (`idle`).
 """
 
 from __future__ import annotations
@@ -11,12 +13,14 @@ import logging
 import os
 import signal
 
+from sglang_specprof.advisor import NO_DRAFT_MODEL
 from sglang_specprof.ranks import RankExchange, exchange_folder
 from sglang_specprof.table import printable
 
 from . import zero_step
 from .jsonl import JsonlSink, rank_path
 from .kernel_sampler import CYCLES, KernelSampler
+from . import ngram
 from .null import NullProfiler
 from .plain import PlainProfiler, time_forwards
 from .policy import POLICY_FILE_ENV, CostPolicy, follow_file
@@ -105,19 +109,35 @@ def _resolved(server_args):
 READING = {"v1": True, "v2": "outputs", "plain": "outputs"}
 
 
-def install(server_args, tp_rank: int = 0, worker: str = "v2") -> None:
-    """`worker`: "v1" or "v2" (the EAGLE worker's constructor), "plain" (`idle`, on a server
-    without speculation)."""
+def _tp_rank() -> int:
+    """This process's TP rank from SGLang's runtime context (0.5.21+), else 0."""
+    try:
+        from sglang.srt.runtime_context import get_parallel
+
+        return get_parallel().tp_rank
+    except Exception:
+        return 0
+
+
+def install(server_args, tp_rank: int | None = 0, worker: str = "v2") -> None:
+    """`worker`: "v1" or "v2" (the EAGLE and STANDALONE workers' constructors; NGRAM's from
+    `idle`), "plain" (`idle`, on a server without speculation). `tp_rank` None: read from
+    SGLang's runtime context (a constructor that has no rank of its own)."""
     global P
     if not getattr(server_args, "speculative_profile", False):
         P = NullProfiler()
         return
     try:
         server_args = _resolved(server_args)
+        if tp_rank is None:
+            tp_rank = _tp_rank()
         from .cuda_backend import CudaBackend
+        algorithm = server_args.speculative_algorithm
         config = {
-            "algorithm": server_args.speculative_algorithm,
-            "num_steps": server_args.speculative_num_steps,
+            "algorithm": algorithm,
+            # NGRAM runs no draft forward: upstream's step count (draft tokens over the BFS
+            # breadth) is no count of steps, and the advisor has none to weigh
+            "num_steps": None if str(algorithm).upper() in NO_DRAFT_MODEL else server_args.speculative_num_steps,
             "topk": server_args.speculative_eagle_topk,
             "num_draft_tokens": server_args.speculative_num_draft_tokens,
             "worker": worker,
@@ -181,7 +201,7 @@ def install(server_args, tp_rank: int = 0, worker: str = "v2") -> None:
                 logger.warning("speculative profile: no kernel samples (%s: %s).", type(e).__name__, e)
         every_phase = config["phases_every"]
         logger.info("speculative profile on (%s, window %d cycles, %s, events through %s%s%s)",
-                    "no speculation: each forward one phase" if worker == "plain" else f"{worker} worker",
+                    "no speculation: each forward one phase" if worker == "plain" else f"{algorithm} {worker} worker",
                     server_args.speculative_profile_interval,
                     "every phase of every cycle" if every_phase == 1 else
                     f"every cycle, its phases in one of {every_phase}", backend.kind,
@@ -195,7 +215,8 @@ def idle(scheduler=None) -> None:
     """Upstream's idle housekeeping (scheduler-idle-window.patch), before its own guard: the
     profiler's idle close (`Profiler.idle`), and, the first time, the Scheduler itself, which
     idles before its first request: the profiler reads its waiting queue from then on, and on a
-    server without speculation given --speculative-profile, the plain profile starts here."""
+    server without speculation given --speculative-profile, the plain profile starts here, on
+    an NGRAM server the NGRAM worker's (ngram.py)."""
     if scheduler is not _state["scheduler"]:
         _attach(scheduler)
     P.idle()
@@ -208,12 +229,17 @@ def _attach(scheduler) -> None:
     try:
         args = getattr(scheduler, "server_args", None)
         if (args is not None and getattr(args, "speculative_profile", False) and not P.enabled
-                and _state["paused"] is None and not _state["warned"]
-                and getattr(args, "speculative_algorithm", None) is None):
-            install(args, getattr(scheduler, "tp_rank", 0) or 0, "plain")
-            if P.enabled:
-                worker = getattr(scheduler, "model_worker", None) or scheduler.tp_worker
-                time_forwards(worker, lambda: P)
+                and _state["paused"] is None and not _state["warned"]):
+            algorithm = getattr(_resolved(args), "speculative_algorithm", None)
+            worker = getattr(scheduler, "model_worker", None) or scheduler.tp_worker
+            if algorithm is None:
+                install(args, getattr(scheduler, "tp_rank", 0) or 0, "plain")
+                if P.enabled:
+                    time_forwards(worker, lambda: P)
+            elif str(algorithm).upper() == "NGRAM":  # no constructor hook: its cycle wrapped here (ngram.py)
+                install(args, getattr(scheduler, "tp_rank", 0) or 0, ngram.worker_kind(worker))
+                if P.enabled:
+                    ngram.time_cycles(worker, lambda: P)
         for p in (P, _state["paused"]):
             if p is not None and p.enabled:
                 p.scheduler = scheduler

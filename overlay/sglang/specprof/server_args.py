@@ -14,7 +14,9 @@ import stat
 from .jsonl import rank_path
 
 # NEXTN is SGLang's name for EAGLE on MTP layers: 0.5.8 checks the flag before it renames it.
-PROFILED_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN")
+# STANDALONE's worker is the EAGLE worker with a draft model of its own; NGRAM's cycle is
+# wrapped from the overlay (ngram.py).
+PROFILED_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM")
 INTERVAL = 100  # decode cycles a window by default
 MAX_INTERVAL = 1_000_000  # hours of decoding at any batch size: a larger window would never close
 KERNELS_EVERY = 400  # --speculative-profile-kernels without N: one sample every 400 windows (about 0.24 s each)
@@ -36,7 +38,7 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         "--speculative-profile",
         action="store_true",
         default=False,
-        help="Time every EAGLE/EAGLE3 speculative decode cycle phase by phase on the GPU "
+        help="Time every EAGLE/EAGLE3/STANDALONE/NGRAM speculative decode cycle phase by phase on the GPU "
         "(CUDA events, no added synchronisation) and report per phase, per draft step and "
         "per position in the log, /server_info and, with --enable-metrics, Prometheus. "
         "Without --speculative-algorithm each forward is timed whole: the baseline for a "
@@ -119,7 +121,7 @@ def validate(args) -> None:
     # is compared with
     if algo is not None and str(algo).upper() not in PROFILED_ALGORITHMS:
         raise SpecProfileArgError(
-            f"--speculative-profile times the EAGLE and EAGLE3 workers only, "
+            f"--speculative-profile times the EAGLE, EAGLE3, STANDALONE and NGRAM workers only, "
             f"not --speculative-algorithm {algo}."
         )
     if getattr(args, "speculative_adaptive", False) and not hasattr(args, ADAPTIVE_FIELD):
