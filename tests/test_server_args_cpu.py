@@ -131,6 +131,7 @@ CASES = {
                    "d"],
     # 0.5.11 on; before, argparse's choices refuse it (the release has no such worker)
     "dflash": ["--speculative-profile", "--speculative-algorithm", "DFLASH"],
+    "multi-layer": ["--speculative-profile", "--speculative-algorithm", "EAGLE3", "--enable-multi-layer-eagle"],
     "interval-0": ["--speculative-profile", "--speculative-algorithm", "EAGLE3", "--speculative-profile-interval", "0"],
     "no-folder": ["--speculative-profile", "--speculative-algorithm", "EAGLE3", "--speculative-profile-output",
                   "/nonexistent/p.jsonl"],
@@ -220,6 +221,14 @@ def test_an_algorithm_the_release_has_and_the_profile_does_not_is_refused_in_one
         pytest.skip("this release has no algorithm the profile does not time")
     _one_sentence(parsed["dflash"], "times the EAGLE, EAGLE3, STANDALONE and NGRAM workers only, not "
                                     "--speculative-algorithm DFLASH")
+
+
+def test_multi_layer_eagle_is_refused_rather_than_served_unprofiled(parsed):
+    """Its worker has no hook: the flag accepted there would serve a profile that stays empty."""
+    if not re.search(r"^\s+--enable-multi-layer-eagle(?![-\w])", parsed["help"], re.M):
+        assert parsed["multi-layer"]["rc"] == 2  # upstream's parser: no such option
+        pytest.skip("this release has no --enable-multi-layer-eagle")
+    _one_sentence(parsed["multi-layer"], "--speculative-profile does not time --enable-multi-layer-eagle yet")
 
 
 @pytest.mark.parametrize("name, says", [

@@ -119,6 +119,10 @@ def validate(args) -> None:
     algo = args.speculative_algorithm
     # without speculation each forward is timed whole (plain.py): the baseline a step-0 cycle
     # is compared with
+    if getattr(args, "enable_multi_layer_eagle", False):
+        # its worker (MultiLayerEagleWorkerV2) carries no hook: served unprofiled, it would look profiled
+        raise SpecProfileArgError("--speculative-profile does not time --enable-multi-layer-eagle yet; profile "
+                                  "without it.")
     if algo is not None and str(algo).upper() not in PROFILED_ALGORITHMS:
         raise SpecProfileArgError(
             f"--speculative-profile times the EAGLE, EAGLE3, STANDALONE and NGRAM workers only, "
