@@ -190,7 +190,7 @@ def test_report_prints_table_and_advice(capsys):
     code, out, err = run_cli("report", str(V1), capsys=capsys)
     assert code == 0 and err == ""
     assert "EAGLE3 v1 steps=3 topk=2" in out and "    verify " in out and "free_kv" in out
-    assert "best: --speculative-num-steps" in out and "note: profiled with topk 2; the advice is for topk 1" in out
+    assert "best topk 1 chain: --speculative-num-steps" in out and "trees at topk 2, the profiled one pruned" in out
 
 
 def test_report_json(capsys):
