@@ -1,6 +1,9 @@
-"""The advisor for a tree profile (topk > 1)."""
+"""The advisor for a tree profile (topk > 1), and its published error."""
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -8,8 +11,10 @@ import pytest
 from fakes import FakeBackend  # noqa: F401  (puts overlay/ on the path)
 from sglang_specprof import advisor, cli, report, table
 
+ROOT = Path(__file__).resolve().parent.parent
 DATA = Path(__file__).parent / "data"
 V1 = DATA / "profile-0.5.12-eagle3-v1-topk2.jsonl"  # topk 2, 3 steps, 4 draft tokens
+RESULTS = [ROOT / "bench" / "results" / f"advisor-0.5.12-acc{a}.json" for a in ("2.5", "4.0")]
 
 
 def tree_inputs(per_position=(0.8, 0.7, 0.6), growth=advisor.Growth(0.05, 0.03, 0.07, "measured"), tokens=8):
@@ -133,3 +138,86 @@ def test_the_recorded_tree_profile_is_compared_in_the_report_the_json_and_the_lo
     # the live log's table, each bucket predicted from the window alone
     line = table.format_summary(windows[0])
     assert "advisor: " in line and "larger trees not predicted" in line
+
+
+def test_the_shipped_error_is_what_the_recorded_sweeps_measured():
+    sys.path.insert(0, str(ROOT / "bench"))
+    import advisor_check
+
+    shipped = json.loads(Path(advisor.ERROR_FILE).read_text())
+    assert shipped == advisor_check.published([str(p) for p in RESULTS])
+    assert shipped["results"] == [p.name for p in RESULTS] and shipped["release"] == "0.5.12"
+
+
+def synthetic_result(path):
+    """A sweep at 1 and 8 concurrent, profiled at 3 steps, with errors relative to it that a test
+    can work out by hand."""
+    def setting(k, pred, med):
+        return {"steps": k, "measured_tok_s": [med] * 3, "measured_median": med, "predicted": pred,
+                "predicted_low": pred, "predicted_high": pred, "error": round(pred / med - 1, 4)}
+    result = {"benchmark": "advisor", "sglang": "0.5.99", "profiled_steps": 3, "date": "2027-01-02",
+              "command": "python bench/advisor_check.py --acc 3 --out OUT", "simulated_accept_length": 3.0,
+              "concurrency": {
+                  # the profiled setting predicted 10% high: relative to it, steps 1 is 0% and steps 2 is +10%
+                  "1": {"settings": [setting(1, 110.0, 100.0), setting(2, 242.0, 200.0), setting(3, 330.0, 300.0)]},
+                  "8": {"settings": [setting(1, 95.0, 100.0), setting(2, 200.0, 200.0), setting(3, 300.0, 300.0)]},
+                  "16": {"error": "the profile has no bucket 9-16"}}}
+    path.write_text(json.dumps(result))
+    return path
+
+
+def test_publish_computes_the_error_from_a_result(tmp_path):
+    res = synthetic_result(tmp_path / "advisor-0.5.99-acc3.0.json")
+    out = tmp_path / "advisor_error.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "advisor_check.py"), "--publish", str(res),
+                           "--publish-to", str(out)], capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT / "overlay")))
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(out.read_text())
+    assert data["by_concurrency"] == {"1": {"max_abs_error": 0.1, "median_abs_error": 0.05, "predictions": 2,
+                                            "rounds": 3},
+                                      "8": {"max_abs_error": 0.05, "median_abs_error": 0.025, "predictions": 2,
+                                            "rounds": 3}}
+    assert (data["release"], data["date"], data["results"]) == ("0.5.99", "2027-01-02", [res.name])
+    assert data["sweeps"][0]["command"].startswith("python bench/advisor_check.py")
+    assert "at 1 concurrent within 10.0% (median 5.0%" in proc.stdout
+    # what the report makes of it: the nearest load by ratio
+    assert advisor.last_error(1.0, str(out))["max_abs_error"] == 0.1
+    assert advisor.last_error(30.0, str(out))["concurrency"] == 8
+    assert advisor.last_error(2.0, str(out))["concurrency"] == 1
+
+
+def test_the_report_carries_the_error_from_the_file(tmp_path, monkeypatch, capsys):
+    res = synthetic_result(tmp_path / "r.json")
+    sys.path.insert(0, str(ROOT / "bench"))
+    import advisor_check
+
+    advisor_check.publish([str(res)], str(tmp_path / "err.json"))
+    capsys.readouterr()
+    monkeypatch.setattr(advisor, "ERROR_FILE", str(tmp_path / "err.json"))
+    prof = DATA / "profile-0.5.16-eagle3-v2-topk1.jsonl"
+    assert cli.main(["report", str(prof), "--json"]) == 0
+    adv = json.loads(capsys.readouterr().out)["advice"]
+    assert adv["1"]["last_measured_error"]["max_abs_error"] == 0.1
+    assert adv["1"]["last_measured_error"]["release"] == "0.5.99"
+    assert adv["3-4"]["last_measured_error"]["concurrency"] == 8
+    assert cli.main(["report", str(prof)]) == 0
+    out = capsys.readouterr().out
+    assert "  advisor's last measured error: within 10.0% at 1 concurrent (median 5.0%; 0.5.99, 2027-01-02)" in out
+    assert "; last measured error within 5.0% at 8 concurrent" in out  # the bucket's line
+
+
+@pytest.mark.parametrize("content", [None, "{not json", '{"by_concurrency": {"1": {"max_abs_error": "a lot"}}}',
+                                     "[]", '{"by_concurrency": {}}'])
+def test_a_missing_or_broken_error_file_leaves_the_error_unknown(tmp_path, monkeypatch, capsys, content):
+    path = tmp_path / "advisor_error.json"
+    if content is not None:
+        path.write_text(content)
+    monkeypatch.setattr(advisor, "ERROR_FILE", str(path))
+    assert cli.main(["report", str(V1)]) == 0
+    out = capsys.readouterr().out
+    assert "  advisor's last measured error: unknown (advisor_error.json " in out
+    assert "; its last measured error unknown" in out
+    assert cli.main(["report", str(V1), "--json"]) == 0
+    adv = json.loads(capsys.readouterr().out)["advice"]["1"]
+    assert set(adv["last_measured_error"]) == {"unknown"}

@@ -32,7 +32,9 @@ profiled tree pruned (`tree_rows`), with wider ranges; larger trees are not pred
 
 from __future__ import annotations
 
+import json
 import math
+import os
 from dataclasses import dataclass, field
 
 VERIFY = "verify"
@@ -362,6 +364,67 @@ def draft_tokens(config: dict | None, steps: int) -> int | None:
     return d if steps == config.get("num_steps") and isinstance(d, int) and d > 0 else None
 
 
+# the advisor's error as bench/advisor_check.py last measured it against an interleaved sweep
+# (`advisor_check.py --publish` writes it), shipped with the package
+ERROR_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "advisor_error.json")
+_errors: dict = {}  # (path, mtime, size) -> what the file says: read once, not at every window
+
+
+def _published(path: str) -> dict:
+    """The file's figures by concurrency ({"by_concurrency": {...}, ...}), or {"unknown": why}."""
+    try:
+        st = os.stat(path)
+        key = (path, st.st_mtime_ns, st.st_size)
+        if key not in _errors:
+            with open(path, encoding="utf-8") as f:
+                data = json.load(f)
+            by = data.get("by_concurrency") if isinstance(data, dict) else None
+            if not isinstance(by, dict) or not by or not all(
+                    str(c).isdigit() and int(c) > 0 and isinstance(v, dict)
+                    and all(isinstance(v.get(k), (int, float)) and not isinstance(v.get(k), bool)
+                            for k in ("max_abs_error", "median_abs_error")) for c, v in by.items()):
+                raise ValueError("no error by concurrency in it")
+            _errors.clear()
+            _errors[key] = data
+        return _errors[key]
+    except FileNotFoundError:
+        return {"unknown": f"{os.path.basename(path)} is not in the package"}
+    except (OSError, ValueError, AttributeError, RecursionError) as e:  # JSONDecodeError is a ValueError
+        return {"unknown": f"{os.path.basename(path)} cannot be read ({type(e).__name__})"}
+
+
+def last_error(batch: float, path: str | None = None) -> dict:
+    """The advisor's last measured error at the load nearest `batch` requests a cycle (by
+    ratio): the largest and the median |error| of its predictions relative to the profiled
+    setting, the sweep's release, date and results; or {"unknown": why}."""
+    data = _published(path or ERROR_FILE)
+    if "unknown" in data:
+        return data
+    by = data["by_concurrency"]
+    c = min(by, key=lambda c: abs(math.log(max(batch, 1e-9) / int(c))))
+    e = by[c]
+    return {"concurrency": int(c), "max_abs_error": e["max_abs_error"], "median_abs_error": e["median_abs_error"],
+            "predictions": e.get("predictions"), "rounds": e.get("rounds"), "release": data.get("release"),
+            "date": data.get("date"), "results": data.get("results"),
+            "of": "each prediction's tokens/s relative to the profiled setting's, against the sweep's medians"}
+
+
+def with_error(adv: dict) -> dict:
+    """`adv` with the advisor's last measured error at its batch (`last_error`)."""
+    adv["last_measured_error"] = last_error(adv.get("batch") or 1.0)
+    return adv
+
+
+def error_line(err: dict | None) -> str | None:
+    """One line on the advisor's last measured error, or None where `err` is not given."""
+    if not err:
+        return None
+    if "unknown" in err:
+        return f"advisor's last measured error: unknown ({err['unknown']})"
+    return (f"advisor's last measured error: within {100 * err['max_abs_error']:.1f}% at {err['concurrency']} "
+            f"concurrent (median {100 * err['median_abs_error']:.1f}%; {err.get('release')}, {err.get('date')})")
+
+
 def tree_topk(config: dict | None, steps: int) -> int:
     """--speculative-eagle-topk at `steps` when that is the profile's own step count (1 for
     another step count's bucket: upstream switches step counts at topk 1 only)."""
@@ -386,7 +449,7 @@ def window_advice(summary: dict) -> dict:
             inp = inputs_from_bucket(b, at, config=summary.get("config"))
             adv = predict(inp) if inp is not None else None
             if adv is not None:
-                out[key] = adv
+                out[key] = with_error(adv)
         except Exception:
             pass
     return out
@@ -526,6 +589,10 @@ def format_advice(adv: dict) -> str:
     if adv.get("profile_next") is not None:
         lines.append(f"  profile next at --speculative-num-steps {adv['profile_next']}: the best predicted lies "
                      f"beyond the draft positions measured, where acceptance is extrapolated")
+    err = error_line(adv.get("last_measured_error"))
+    if err:
+        lines.append(f"  {err}" + ("; measured on topk 1 step counts: the trees' predictions have not been checked"
+                                   if trees and "unknown" not in adv["last_measured_error"] else ""))
     lines.append("  * beyond the measured draft positions, where acceptance is extrapolated: each further position's "
                  "rate is the one before it times r, the last measured rate over the one before that (r at most 1: "
                  "a rise is held level; with one position measured, r = 1); low: 0; high: the last measured rate "

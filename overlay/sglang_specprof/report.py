@@ -637,7 +637,7 @@ def advise(summary: dict) -> dict:
                   f"predicted)" if here and here["tokens_per_s"] else ""
             adv["notes"].append(f"0 steps (speculation off at these batch sizes) measured {zero['tokens_per_s']:.1f} "
                                 f"tok/s here{rel}")
-        out[key] = adv
+        out[key] = advisor.with_error(adv)
     return out
 
 

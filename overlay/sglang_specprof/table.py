@@ -207,10 +207,10 @@ def _advice_line(bucket: dict, cfg: dict, adv: dict | None = None) -> str | None
             if adv is None:
                 return None
         if adv.get("trees"):
-            return _tree_line(adv)
+            return _tree_line(adv) + _error_tail(adv)
         best = next(r for r in adv["rows"] if r["steps"] == adv["best"])
         if adv["best"] == steps:
-            return f"    advisor: --speculative-num-steps {steps} is the best predicted"
+            return f"    advisor: --speculative-num-steps {steps} is the best predicted" + _error_tail(adv)
         topk = " with topk 1" if (cfg.get("topk") or 1) > 1 else ""
         spread = _spread(best)
         rec, at, nxt = adv.get("recommend", adv["best"]), adv["profiled_steps"], adv.get("profile_next")
@@ -218,7 +218,7 @@ def _advice_line(bucket: dict, cfg: dict, adv: dict | None = None) -> str | None
                                               else f"; recommended: --speculative-num-steps {rec}")
         tail += f"; profile at {nxt} next" if nxt is not None else ""
         return (f"    advisor: --speculative-num-steps {best['steps']}{topk} predicted {_f(best['tokens_per_s'], 1)} "
-                f"tok/s ({100 * (adv['expected_gain'] or 0):+.1f}%{spread}){tail}")
+                f"tok/s ({100 * (adv['expected_gain'] or 0):+.1f}%{spread}){tail}" + _error_tail(adv))
     except Exception:
         return None
 
@@ -245,3 +245,10 @@ def _tree_line(adv: dict) -> str:
             line += f"; recommended: {named_setting(rec)}"
     return line + f"; larger trees not predicted (topk above {here['topk']}, more steps or draft tokens)"
 
+
+def _error_tail(adv: dict) -> str:
+    """The advisor's last measured error at the bucket's load, in short."""
+    err = adv.get("last_measured_error")
+    if not err or "unknown" in err:
+        return "; its last measured error unknown" if err else ""
+    return f"; last measured error within {100 * err['max_abs_error']:.1f}% at {err['concurrency']} concurrent"
