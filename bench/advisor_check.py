@@ -21,6 +21,9 @@ bucket of that concurrency. The verdict, per concurrency:
         --concurrency 1 8 --rounds 5 --new-tokens 1024 --out bench/results
 
 Writes bench/results/advisor-SGLANG-accACC.json. Needs an NVIDIA GPU and the built wheel.
+With --publish, also writes the error it measured into the package
+(overlay/sglang_specprof/advisor_error.json), where the report shows it beside the advice;
+`--publish RESULT...` does that from results written before, with no servers.
 """
 from __future__ import annotations
 
@@ -36,9 +39,11 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpu_models import write_models  # noqa: E402
 from serving import (eagle3_args, installed_sglang, interleaved_runs, machine, portable_command, quartiles,  # noqa: E402
-                     start_all, stop_all)
+                     start_all, stop_all, write_json)
 
 TOLERANCE = 0.10
+ERROR_FILE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "overlay", "sglang_specprof",
+                          "advisor_error.json")
 
 
 def bucket_key(concurrency):
@@ -120,9 +125,63 @@ def rejudge(result_path, profile):
         f.write("\n")
 
 
+def relative_errors(v: dict, profiled: int) -> list[float]:
+    """Each prediction's error relative to the profiled setting, in one concurrency's verdict:
+    (predicted / predicted at the profiled step count) over (measured median / measured median
+    there), less 1, for each other step count (the profiled one's is the profile against the
+    sweep, not the advisor's)."""
+    s = {x["steps"]: x for x in v.get("settings") or []}
+    here = s.get(profiled)
+    if not here or not here["predicted"] or not here["measured_median"]:
+        return []
+    return [(x["predicted"] / here["predicted"]) / (x["measured_median"] / here["measured_median"]) - 1
+            for k, x in sorted(s.items()) if k != profiled and x["measured_median"]]
+
+
+def published(paths: list[str]) -> dict:
+    """What advisor_error.json holds, from the results of one or more sweeps (pooled by
+    concurrency): the largest and the median |error| relative to the profiled setting."""
+    sweeps, pooled = [], {}
+    for path in paths:
+        with open(path) as f:
+            r = json.load(f)
+        rounds = {}
+        for c, v in sorted(r.get("concurrency", {}).items(), key=lambda kv: int(kv[0])):
+            errs = relative_errors(v, r["profiled_steps"])
+            if not errs:
+                continue
+            pooled.setdefault(int(c), []).append((errs, min(len(x["measured_tok_s"]) for x in v["settings"])))
+            rounds[c] = pooled[int(c)][-1][1]
+        sweeps.append({"results": os.path.basename(path), "release": r.get("sglang"), "date": r.get("date"),
+                       "command": r.get("command"), "simulated_accept_length": r.get("simulated_accept_length"),
+                       "profiled_steps": r.get("profiled_steps"), "rounds": rounds, "machine": r.get("machine")})
+    if not pooled:
+        raise SystemExit(f"{', '.join(paths)}: no concurrency with predictions and measurements to publish")
+    by = {}
+    for c, parts in sorted(pooled.items()):
+        errs = [abs(e) for es, _ in parts for e in es]
+        by[str(c)] = {"max_abs_error": round(max(errs), 4), "median_abs_error": round(statistics.median(errs), 4),
+                      "predictions": len(errs), "rounds": min(n for _, n in parts)}
+    return {"what": "the step-count advisor's error as bench/advisor_check.py measured it against an interleaved "
+                    "sweep: for each setting other than the profiled one, its predicted tokens/s relative to the "
+                    "profiled setting's against the same ratio of the sweep's measured medians",
+            "release": ", ".join(dict.fromkeys(str(s["release"]) for s in sweeps)),
+            "date": max(str(s["date"]) for s in sweeps), "results": [s["results"] for s in sweeps],
+            "by_concurrency": by, "sweeps": sweeps}
+
+
+def publish(paths: list[str], out: str = ERROR_FILE) -> dict:
+    data = published(paths)
+    write_json(out, data)
+    for c, e in data["by_concurrency"].items():
+        print(f"published to {out}: at {c} concurrent within {100 * e['max_abs_error']:.1f}% "
+              f"(median {100 * e['median_abs_error']:.1f}%, {e['predictions']} predictions)", flush=True)
+    return data
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--acc", type=float, required=True, help="SGLANG_SIMULATE_ACC_LEN for every server")
+    ap.add_argument("--acc", type=float, help="SGLANG_SIMULATE_ACC_LEN for every server (needed to run the sweep)")
     ap.add_argument("--steps", type=int, nargs="+", default=[1, 2, 3, 4, 5])
     ap.add_argument("--profile-steps", type=int, default=5, help="the server whose profile the advisor reads")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
@@ -141,9 +200,21 @@ def main():
     ap.add_argument("--rejudge", nargs=2, metavar=("RESULT", "PROFILE"),
                     help="no servers: judge the runs of an earlier RESULT anew against PROFILE "
                          "(after a change of the advisor), and write RESULT again")
+    ap.add_argument("--publish", nargs="*", metavar="RESULT",
+                    help="write the error measured into the package (overlay/sglang_specprof/advisor_error.json), "
+                         "where the report shows it: with no RESULT, this run's (or --rejudge's) result; with "
+                         "RESULTs, theirs (pooled by concurrency), and no servers")
+    ap.add_argument("--publish-to", default=ERROR_FILE, help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.publish:
+        return publish(a.publish, a.publish_to)
     if a.rejudge:
-        return rejudge(*a.rejudge)
+        rejudge(*a.rejudge)
+        if a.publish is not None:
+            publish([a.rejudge[0]], a.publish_to)
+        return
+    if a.acc is None:
+        ap.error("the sweep needs --acc (SGLANG_SIMULATE_ACC_LEN for every server)")
     if a.profile_steps not in a.steps:
         ap.error("--profile-steps must be one of --steps")
     t0 = time.time()
@@ -182,6 +253,8 @@ def main():
         json.dump(result, f, indent=1)
         f.write("\n")
     print(f"wrote {name}", flush=True)
+    if a.publish is not None:
+        publish([name], a.publish_to)
 
 
 if __name__ == "__main__":

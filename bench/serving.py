@@ -421,7 +421,7 @@ def round_args(ap):
 
 def portable_command(script, argv):
     """The command line as recorded: the run's own folders named, not spelled out."""
-    out, names = [], {"--out": "OUT", "--logs": "OUT/logs", "--upstream-path": "UNPATCHED"}
+    out, names = [], {"--out": "OUT", "--logs": "OUT/logs", "--upstream-path": "UNPATCHED", "--publish-to": "FILE"}
     for i, a in enumerate(argv):
         out.append(names[argv[i - 1]] if i and argv[i - 1] in names else a)
     return " ".join(["python", script, *(shlex.quote(x) for x in out)])

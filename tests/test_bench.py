@@ -26,8 +26,11 @@ def run(script, tmp_path, *args):
 
 def test_advisor_check_judges_the_pick_and_each_prediction(tmp_path):
     out = run("advisor_check.py", tmp_path, "--sglang", "0.5.12", "--acc", "2.5", "--steps", "1", "2", "3", "--profile-steps", "3",
-              "--concurrency", "1", "4", "--rounds", "3", "--new-tokens", "160")
+              "--concurrency", "1", "4", "--rounds", "3", "--new-tokens", "160",
+              "--publish", "--publish-to", str(tmp_path / "advisor_error.json"))
     result = json.loads((tmp_path / "advisor-0.5.12-acc2.5.json").read_text())
+    published = json.loads((tmp_path / "advisor_error.json").read_text())  # this run's error, for the package
+    assert set(published["by_concurrency"]) == {"1", "4"} and published["results"] == ["advisor-0.5.12-acc2.5.json"]
     assert result["profiled_steps"] == 3 and result["simulated_accept_length"] == 2.5
     assert "--out OUT --logs OUT/logs" in result["command"] and str(tmp_path) not in result["command"]
     for c in ("1", "4"):

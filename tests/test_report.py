@@ -190,7 +190,7 @@ def test_report_prints_table_and_advice(capsys):
     code, out, err = run_cli("report", str(V1), capsys=capsys)
     assert code == 0 and err == ""
     assert "EAGLE3 v1 steps=3 topk=2" in out and "    verify " in out and "free_kv" in out
-    assert "best: --speculative-num-steps" in out and "note: profiled with topk 2; the advice is for topk 1" in out
+    assert "best topk 1 chain: --speculative-num-steps" in out and "trees at topk 2, the profiled one pruned" in out
 
 
 def test_report_json(capsys):
@@ -361,6 +361,7 @@ def test_console_script_runs_with_only_the_wheel(tmp_path, built_wheel):
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert "advisor (profiled at 3 steps" in proc.stdout
+    assert "advisor's last measured error: within " in proc.stdout  # the package's data file came along
     proc = subprocess.run([str(env / "bin" / "python"), "-m", "sglang_specprof", "compare", str(V2), str(V1)],
                           capture_output=True, text=True)
     assert proc.returncode == 0 and "compare A = " in proc.stdout
@@ -380,6 +381,7 @@ def test_the_analysis_wheel_installs_with_pip_and_reads_profiles(tmp_path, built
     with zipfile.ZipFile(lite) as a, zipfile.ZipFile(built_wheel) as b:
         mine = {n: a.read(n) for n in a.namelist() if n.startswith("sglang_specprof/")}
         assert mine and mine == {n: b.read(n) for n in b.namelist() if n.startswith("sglang_specprof/")}
+        assert "sglang_specprof/advisor_error.json" in mine  # the advisor's published error, beside its code
     env = tmp_path / "venv"
     venv.EnvBuilder(with_pip=True).create(env)
     py, cmd = str(env / "bin" / "python"), str(env / "bin" / "sglang-specprof")

@@ -165,8 +165,7 @@ def page(summary: dict, advice: dict, source: str, notes=(), figures=None) -> st
             a = adv[key]
             rows = []
             for r in a["rows"]:
-                mark = ("best" if r["steps"] == a["best"] else "") + (" profiled" if r["steps"] == a["profiled_steps"]
-                                                                     else "")
+                mark = ("best" if r["steps"] == a["best"] else "") + (" profiled" if advisor.is_profiled(a, r) else "")
                 if r.get("measured"):
                     mark += f" measured ({r['measured']} cycles)"
                 rows.append([_e(f"{r['steps']}{'*' if r['extrapolated'] else ''}"), _e(r["draft_tokens"]),

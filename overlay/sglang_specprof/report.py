@@ -607,7 +607,6 @@ def advise(summary: dict) -> dict:
     acceptance and draft step times of the same batch sizes at another step count (the one
     with the most cycles); where there is none, it gets no advice (`zero_step_lines` says so)."""
     steps = summary.get("config", {}).get("num_steps")
-    topk = summary.get("config", {}).get("topk")
     out = {}
     if not steps or config_problems(summary.get("config")) or advisor.not_applicable(summary.get("config")):
         return out
@@ -631,8 +630,6 @@ def advise(summary: dict) -> dict:
             inp.step_ms = [x["mean"] or 0.0 for x in sb["draft_steps_gpu_ms"]]
             inp.notes.append(f"run at 0 steps: acceptance and draft step times taken from bs {sk} "
                              f"({sb['cycles']} cycles)")
-        if topk and topk > 1:
-            inp.notes.append(f"profiled with topk {topk}; the advice is for topk 1")
         adv = advisor.predict(inp, ks=range(0, 9) if at is not None else range(1, 9))
         if adv is None:
             continue
@@ -646,7 +643,7 @@ def advise(summary: dict) -> dict:
                   f"predicted)" if here and here["tokens_per_s"] else ""
             adv["notes"].append(f"0 steps (speculation off at these batch sizes) measured {zero['tokens_per_s']:.1f} "
                                 f"tok/s here{rel}")
-        out[key] = adv
+        out[key] = advisor.with_error(adv)
     return out
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from .advisor import inputs_from_bucket, not_applicable, predict
+from .advisor import inputs_from_bucket, named_setting, not_applicable, predict
 from .kernels import format_block
 
 # what a terminal acts on rather than shows: C0 and C1 controls (escape sequences, a newline
@@ -232,16 +232,49 @@ def _advice_line(bucket: dict, cfg: dict, adv: dict | None = None) -> str | None
             adv = predict(inp)
             if adv is None:
                 return None
+        if adv.get("trees"):
+            return _tree_line(adv) + _error_tail(adv)
         best = next(r for r in adv["rows"] if r["steps"] == adv["best"])
         if adv["best"] == steps:
-            return f"    advisor: --speculative-num-steps {steps} is the best predicted"
+            return f"    advisor: --speculative-num-steps {steps} is the best predicted" + _error_tail(adv)
         topk = " with topk 1" if (cfg.get("topk") or 1) > 1 else ""
-        spread = "" if _f(best["low"], 1) == _f(best["high"], 1) else f", range {_f(best['low'], 1)}-{_f(best['high'], 1)}"
+        spread = _spread(best)
         rec, at, nxt = adv.get("recommend", adv["best"]), adv["profiled_steps"], adv.get("profile_next")
         tail = "" if rec == adv["best"] else (f"; recommended: keep {at}, no other's low end beats it" if rec == at
                                               else f"; recommended: --speculative-num-steps {rec}")
         tail += f"; profile at {nxt} next" if nxt is not None else ""
         return (f"    advisor: --speculative-num-steps {best['steps']}{topk} predicted {_f(best['tokens_per_s'], 1)} "
-                f"tok/s ({100 * (adv['expected_gain'] or 0):+.1f}%{spread}){tail}")
+                f"tok/s ({100 * (adv['expected_gain'] or 0):+.1f}%{spread}){tail}" + _error_tail(adv))
     except Exception:
         return None
+
+
+def _spread(row: dict) -> str:
+    """", range LOW-HIGH" of a prediction, or nothing where they print the same."""
+    return "" if _f(row["low"], 1) == _f(row["high"], 1) else f", range {_f(row['low'], 1)}-{_f(row['high'], 1)}"
+
+
+def _tree_line(adv: dict) -> str:
+    """The line of a topk > 1 profile: the best setting predicted among chains and pruned trees."""
+    best, here, rec = adv["best_setting"], adv["profiled_setting"], adv.get("recommend_setting")
+    same = lambda a, b: all(a[k] == b[k] for k in ("topk", "steps", "draft_tokens"))  # noqa: E731
+    if same(best, here):
+        line = f"    advisor: the profiled tree ({named_setting(here)}) is the best predicted"
+    else:
+        spread = _spread(best)
+        gain = best["tokens_per_s"] / here["tokens_per_s"] - 1 if here.get("tokens_per_s") else 0.0
+        line = (f"    advisor: {named_setting(best)} predicted {_f(best['tokens_per_s'], 1)} tok/s "
+                f"({100 * gain:+.1f}%{spread})")
+        if rec is None:
+            line += "; recommended: keep the profiled tree, no other's low end beats it"
+        elif not same(rec, best):
+            line += f"; recommended: {named_setting(rec)}"
+    return line + f"; larger trees not predicted (topk above {here['topk']}, more steps or draft tokens)"
+
+
+def _error_tail(adv: dict) -> str:
+    """The advisor's last measured error at the bucket's load, in short."""
+    err = adv.get("last_measured_error")
+    if not err or "unknown" in err:
+        return "; its last measured error unknown" if err else ""
+    return f"; last measured error within {100 * err['max_abs_error']:.1f}% at {err['concurrency']} concurrent"
