@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from fakes import FakeBackend  # noqa: F401  (puts overlay/ on the path)
-from sglang_specprof import advisor, cli, report, table
+from sglang_specprof import advisor, cli, measured_error, report, table
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = Path(__file__).parent / "data"
@@ -194,7 +194,7 @@ def test_the_report_carries_the_error_from_the_file(tmp_path, monkeypatch, capsy
 
     advisor_check.publish([str(res)], str(tmp_path / "err.json"))
     capsys.readouterr()
-    monkeypatch.setattr(advisor, "ERROR_FILE", str(tmp_path / "err.json"))
+    monkeypatch.setattr(measured_error, "ERROR_FILE", str(tmp_path / "err.json"))
     prof = DATA / "profile-0.5.16-eagle3-v2-topk1.jsonl"
     assert cli.main(["report", str(prof), "--json"]) == 0
     adv = json.loads(capsys.readouterr().out)["advice"]
@@ -213,7 +213,7 @@ def test_a_missing_or_broken_error_file_leaves_the_error_unknown(tmp_path, monke
     path = tmp_path / "advisor_error.json"
     if content is not None:
         path.write_text(content)
-    monkeypatch.setattr(advisor, "ERROR_FILE", str(path))
+    monkeypatch.setattr(measured_error, "ERROR_FILE", str(path))
     assert cli.main(["report", str(V1)]) == 0
     out = capsys.readouterr().out
     assert "  advisor's last measured error: unknown (advisor_error.json " in out

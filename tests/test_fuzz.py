@@ -206,7 +206,7 @@ def test_lines_no_profile_writes_are_one_sentence(text, says):
 def test_ill_typed_fields_and_odd_server_answers_are_one_sentence(tmp_path, monkeypatch, capsys):
     import io
 
-    from sglang_specprof import cli as report_cli, report
+    from sglang_specprof import cli as report_cli, report, source
 
     obj = json.loads(json.dumps(WINDOW))
     key = next(iter(obj["buckets"]))
@@ -217,7 +217,7 @@ def test_ill_typed_fields_and_odd_server_answers_are_one_sentence(tmp_path, monk
     err = capsys.readouterr().err
     assert "holds a value the report cannot use" in err and "Traceback" not in err
     for answer in (b"[1, 2]", b'"up"', b'{"internal_states": [{"speculative_profile": {"latest": {"schema": 3}}}]}'):
-        monkeypatch.setattr(report.urllib.request, "urlopen", lambda url, timeout=None, a=answer: io.BytesIO(a))
+        monkeypatch.setattr(source.urllib.request, "urlopen", lambda url, timeout=None, a=answer: io.BytesIO(a))
         with pytest.raises(report.SourceError) as e:
             report.load("http://127.0.0.1:1")
         assert "\n" not in str(e.value)

@@ -1450,7 +1450,7 @@ def test_a_window_makes_no_random_generator_until_a_reservoir_fills(monkeypatch)
     than it keeps, and then samples as one made up front would have."""
     import random
 
-    from sglang_specprof import window
+    from sglang_specprof import series, window
 
     made = []
 
@@ -1459,7 +1459,7 @@ def test_a_window_makes_no_random_generator_until_a_reservoir_fills(monkeypatch)
             made.append(a)
             super().__init__(*a)
 
-    monkeypatch.setattr(window.random, "Random", Counted)
+    monkeypatch.setattr(series.random, "Random", Counted)
     b = FakeBackend()
     p = Profiler(b, interval=100, config={"num_steps": 3, "worker": "v2"}, clock=b.clock, log_table=False)
     for _ in range(250):

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from fakes import FakeBackend  # noqa: F401  (puts overlay/ on the path)
-from sglang_specprof import advisor, cli, compare, report
+from sglang_specprof import advisor, cli, compare, report, source
 
 DATA = Path(__file__).resolve().parent / "data"
 V2 = DATA / "profile-0.5.12-eagle3-v2-topk1.jsonl"
@@ -627,7 +627,7 @@ def test_an_endless_line_or_a_slow_server_is_one_sentence(tmp_path, monkeypatch)
     assert "line 1 is over 0.0625 MiB long" in str(e.value) and "not a profile" in str(e.value)
 
     # a server that answers one byte a second: the whole answer has URL_SECONDS, not each read
-    monkeypatch.setattr(report, "URL_SECONDS", 1.0)
+    monkeypatch.setattr(source, "URL_SECONDS", 1.0)
     srv = socket.socket()
     srv.bind(("127.0.0.1", 0))
     srv.listen(1)
@@ -1038,12 +1038,12 @@ def test_the_advisor_footnote_states_the_rule_it_extrapolates_by():
     text = advisor.format_advice(adv)
     assert "each further position's rate is the one before it times r, the last measured rate over the one " \
            "before that (r at most 1" in text
-    a = advisor._acceptance(inp, 4, advisor.CENTRAL)  # the rule the footnote states, r = 0.6 / 0.9
+    a = advisor.acceptance(inp, 4, advisor.CENTRAL)  # the rule the footnote states, r = 0.6 / 0.9
     assert a == pytest.approx([0.9, 0.6, 0.6 * 2 / 3, 0.6 * (2 / 3) ** 2])
-    assert advisor._acceptance(inp, 4, advisor.HIGH) == pytest.approx([0.9, 0.6, 0.6, 0.6])
+    assert advisor.acceptance(inp, 4, advisor.HIGH) == pytest.approx([0.9, 0.6, 0.6, 0.6])
     inp.per_position = [0.7]
     inp.steps = 1
-    assert advisor._acceptance(inp, 3, advisor.CENTRAL) == pytest.approx([0.7, 0.7, 0.7])
+    assert advisor.acceptance(inp, 3, advisor.CENTRAL) == pytest.approx([0.7, 0.7, 0.7])
 
 
 def test_what_timing_by_phase_adds_is_not_said_from_too_few_cycles_or_within_noise(capsys, tmp_path):
@@ -1155,7 +1155,7 @@ def test_a_live_answer_nested_too_deep_or_an_address_with_a_space_is_one_sentenc
     hooked = []
     monkeypatch.setattr(threading, "excepthook", lambda a: hooked.append(a))
     deep = b"[" * 100000 + b"]" * 100000
-    monkeypatch.setattr(report.urllib.request, "urlopen", lambda url, timeout=None: io.BytesIO(deep))
+    monkeypatch.setattr(source.urllib.request, "urlopen", lambda url, timeout=None: io.BytesIO(deep))
     code, out, err = run_cli("report", "http://127.0.0.1:1", capsys=capsys)
     assert code == 1 and err == "sglang-specprof: error: cannot read http://127.0.0.1:1/server_info: its answer is " \
                                 "JSON nested too deep to be server info\n"

@@ -32,7 +32,7 @@ def candidates(adv: dict, margin: float = DEFAULT_MARGIN) -> list[int]:
 
 
 def measured_candidates(row: dict, margin: float = DEFAULT_MARGIN) -> list[int]:
-    """From an adaptive profile's bucket measured at several step counts (`report.by_steps`):
+    """From an adaptive profile's bucket measured at several step counts (`merge.by_steps`):
     the step counts whose measured tokens/s is within `margin` of the best measured."""
     tok = row["tokens_per_s"]
     floor = tok[row["best"]] * (1.0 - margin)
@@ -42,7 +42,7 @@ def measured_candidates(row: dict, margin: float = DEFAULT_MARGIN) -> list[int]:
 def upstream_config(summary: dict, advice: dict, margin: float = DEFAULT_MARGIN, source: str = "",
                     measured: dict | None = None) -> dict:
     """The config JSON for the buckets the advisor had figures for (none: an empty dict).
-    `measured` (`report.by_steps` of an adaptive profile): a bucket measured at several step
+    `measured` (`merge.by_steps` of an adaptive profile): a bucket measured at several step
     counts takes its candidates from those measurements instead of the advisor's predictions."""
     cfg, why = {}, {}
     for key, row in (measured or {}).items():

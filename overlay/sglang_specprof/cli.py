@@ -14,7 +14,7 @@ import os
 import sys
 from collections import deque
 
-from . import adaptive, advisor, compare as compare_mod, page, report
+from . import adaptive, advisor, compare as compare_mod, page, render, report
 from .plot import plot
 from .schema import ProfileError
 from .table import printable
@@ -111,33 +111,12 @@ def main(argv=None) -> int:
             _check_outputs(args)
             # the windows are merged as they are read: only the merges (and, for --trace, each
             # window's sampled cycles) are held, whatever the profile's length
-            runs, traced, notes = report.Runs(), deque(maxlen=TRACE_WINDOWS), []
-            for w in report.stream(args.source, args.last, notes):
-                runs.add(w, args.source)
-                if args.trace:
-                    traced.append(trace_fields(w))
-            if len(runs.merges) > 1:
-                notes.append(runs.note())
-            lost: list = []
+            traced, notes, lost = deque(maxlen=TRACE_WINDOWS), [], []
+            runs = report.read(args.source, args.last, notes,
+                               (lambda w: traced.append(trace_fields(w))) if args.trace else None)
             try:
-                done = []  # (summary, advice, by step count) of each run
-                for i, merge in enumerate(runs.merges.values()):
-                    summary = report.finite(merge.result(), "summary" if not i else f"other_runs[{i - 1}]", lost)
-                    done.append((summary, report.finite(report.advise(summary), "advice", lost),
-                                 report.by_steps(summary)))  # an adaptive profile: what each step count measured
-                    notes += [n for n in report.config_problems(summary["config"]) if n not in notes]
-                if args.json:
-                    outs = []
-                    for summary, advice, measured in done:
-                        outs.append({"summary": summary, "advice": advice, **({"by_steps": measured} if measured
-                                                                              else {})})
-                    out = dict(outs[0], **({"other_runs": outs[1:], "runs_differ": runs.differ()}
-                                           if len(outs) > 1 else {}))
-                    text = json.dumps(out, indent=1, allow_nan=False)
-                elif len(done) == 1:
-                    text = report.render(*done[0][:2])
-                else:
-                    text = "\n".join(f"{runs.header(i)}\n{report.render(s, a)}" for i, (s, a, _) in enumerate(done))
+                done = report.advised(runs, notes, lost)  # (summary, advice, by step count) of each run
+                text = render.runs(runs, done, args.json)
             except report.UNREADABLE as e:
                 raise report.unmergeable(args.source, e) from None
             for n in notes:

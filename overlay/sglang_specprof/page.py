@@ -1,7 +1,7 @@
 """`report --html`: the report as one self-contained HTML page.
 
 The page is built from the summary and the advice that the text report prints (its lines
-are those of `report.render` and the functions it calls), with the figures of `plot.figures`
+are those of `render.render` and the functions it calls), with the figures of `plot.figures`
 embedded as SVG images (data: URIs): it needs no network, no script and no file beside it.
 Every string from the profile is escaped; the page's Content-Security-Policy allows no
 script and nothing from outside, should one not be.
@@ -15,7 +15,8 @@ import io
 import os
 import tempfile
 
-from . import advisor, kernels, plot as plot_mod, report
+from . import advisor, kernels, plot as plot_mod, render
+from .merge import by_steps
 from .table import _advice_line, _f, escaped, format_summary
 
 STYLE = """
@@ -81,9 +82,9 @@ def svg_figures(summary: dict):
 
 
 def page(summary: dict, advice: dict, source: str, notes=(), figures=None) -> str:
-    """The page of one run's summary and advice (`report.advise`'s); `notes`: the report's notes.
+    """The page of one run's summary and advice (`advisor.advise`'s); `notes`: the report's notes.
     `figures`: `svg_figures(summary)`, drawn here when not given."""
-    text = report.render(summary, advice)  # what `report` prints, its strings made printable
+    text = render.render(summary, advice)  # what `report` prints, its strings made printable
     figs, left = svg_figures(summary) if figures is None else figures
     s, adv = escaped(summary), escaped(advice)
     cfg = s.get("config") or {}
@@ -125,7 +126,7 @@ def page(summary: dict, advice: dict, source: str, notes=(), figures=None) -> st
                         "host ms", "accept len", "acceptance by position", "tok/s", "advisor"], rows, ident="buckets",
                        row_cls=lambda i: "warmup" if warm[i] else ""))
 
-    measured = report.by_steps(s)
+    measured = by_steps(s)
     if measured:
         steps = sorted({k for v in measured.values() for k in v["tokens_per_s"]})
         rows = []
@@ -139,7 +140,7 @@ def page(summary: dict, advice: dict, source: str, notes=(), figures=None) -> st
             rows.append([f"bs {_e(key)}", *cells])
         body.append("<h2 id=by-steps-head>Measured by step count (tok/s)</h2>")
         body.append(_table(["batch sizes", *(f"{st} steps" for st in steps)], rows, ident="by-steps"))
-    adaptive = report.format_switches(s) + report.zero_step_lines(s, adv)
+    adaptive = render.format_switches(s) + render.zero_step_lines(s, adv)
     if adaptive:
         body.append("<h2 id=switches>Switches of step count</h2>" + "".join(f"<p>{_e(x)}</p>" for x in adaptive))
 

@@ -47,6 +47,25 @@ class ProfileError(ValueError):
     """A line that is not a profile window; the message names the line."""
 
 
+class SourceError(ValueError):
+    """A profile that cannot be read; the message is one sentence."""
+
+
+# what a field of the wrong type raises somewhere in the report (the schema checks the shape only)
+UNREADABLE = (TypeError, KeyError, ValueError, AttributeError, IndexError, OverflowError, ZeroDivisionError,
+              RecursionError)
+
+
+def why(e: BaseException) -> str:
+    first = (str(e).strip().splitlines() or [""])[0][:120]
+    return f"{type(e).__name__}: {first}"
+
+
+def unmergeable(source: str, e: BaseException) -> SourceError:
+    """The sentence for windows that each read alone and together hold values the report cannot use."""
+    return SourceError(f"{source}: its windows hold values that the report cannot put together ({why(e)})")
+
+
 class NotJSON(ProfileError):
     """A line that is not JSON at all: a line cut short (a killed writer, a full disk), or another file."""
 

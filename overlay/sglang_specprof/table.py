@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from .advisor import inputs_from_bucket, named_setting, not_applicable, predict
+from .advisor import bucket_advice, named_setting, not_applicable
 from .kernels import format_block
 
 # what a terminal acts on rather than shows: C0 and C1 controls (escape sequences, a newline
@@ -226,10 +226,7 @@ def _advice_line(bucket: dict, cfg: dict, adv: dict | None = None) -> str | None
         if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
             return None  # no step count (or one no server runs with, a damaged profile): nothing to advise from
         if adv is None:
-            inp = inputs_from_bucket(bucket, steps, config=cfg) if steps else None
-            if inp is None:
-                return None
-            adv = predict(inp)
+            adv = bucket_advice(bucket, steps, cfg, error=False)
             if adv is None:
                 return None
         if adv.get("trees"):

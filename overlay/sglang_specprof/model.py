@@ -1,0 +1,137 @@
+"""The advisor's model: what a cycle costs and commits at another step count. Plain Python.
+
+With k draft steps (topk 1, k + 1 draft tokens) and per-position acceptance a_1..a_k
+(a_i: draft token i accepted, given all before it were), a request commits on average
+E(k) = 1 + sum_i prod(a_1..a_i) tokens a cycle. A cycle costs
+T(k) = fixed + draft(k) + verify(k) + draft_extend(k), each term from the profile:
+
+- fixed: every other phase and the GPU time between cycles, as measured;
+- draft(k) = draft(K) + (k - K) * s, s the mean time of a draft step that runs the draft
+  model (the profile's steps 1..K-1; at K = 1, where none does, the draft extend's time);
+- verify(k) = verify(K) + g * batch * (k - K): g is what one more verified token costs.
+  It is measured when the profile holds cycles of different batch sizes and their context
+  lengths (a least-squares plane through verify time against verified tokens and KV
+  tokens, so that the attention over longer or more sequences is not mistaken for the
+  cost of a token), with its standard error; without context lengths, from several step
+  counts at one number of requests (the slope through verify time against verified tokens
+  with a level for each number of requests: an adaptive profile). Otherwise the line
+  through verify time against verified tokens only bounds g from above; with one batch
+  size, g lies between 0 (memory-bound: no growth) and verify(K) / tokens (in proportion);
+- draft extend grows by the same ratio as verify;
+- beyond the profiled K, acceptance is unknown: a_i goes on falling as it fell from a_(K-1)
+  to a_K (a_K * r^(i-K), r = a_K / a_(K-1) at most 1), bounded below by 0 and above by a_K
+  held.
+
+Predicted tokens/s = batch * E(k) / T(k), scaled so that the cycle as profiled reproduces
+the measured cycle time. Each prediction carries a low and a high figure from those bounds.
+A profile with topk > 1 verified --speculative-num-draft-tokens a request, not K + 1: the
+growth is fitted and applied from there. Its per-position acceptance is the tree's by level
+(how deep the accepted path reached); from it come topk 1 chains (`acceptance`) and the
+profiled tree pruned (`tree_rows`), with wider ranges; larger trees are not predicted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+VERIFY = "verify"
+DRAFT = "draft"
+DRAFT_EXTEND = "draft_extend"
+
+
+@dataclass
+class Growth:
+    """GPU ms of verify per verified token: a central figure and the bounds it lies in."""
+    per_token: float
+    low: float
+    high: float
+    how: str  # "measured", "measured across step counts", "bounded above by batch sizes", "bounded (flat to proportional)"
+
+
+@dataclass
+class Inputs:
+    steps: int  # K, the profiled --speculative-num-steps
+    batch: float  # mean requests per cycle
+    phases: dict[str, float]  # mean GPU ms per phase at K
+    between_ms: float  # mean GPU ms between cycles
+    wall_ms: float | None  # measured cycle period, for calibration
+    step_ms: list[float]  # per draft step at K
+    per_position: list[float | None]  # a_1..a_K
+    growth: Growth | None = None  # None: bounded, flat to proportional
+    notes: list[str] = field(default_factory=list)
+    draft_tokens: int | None = None  # tokens verified a request at K (--speculative-num-draft-tokens); None: K + 1
+    topk: int = 1  # --speculative-eagle-topk at K: above 1, per_position is the tree's acceptance by level
+
+    def verified(self) -> int:
+        return self.draft_tokens or self.steps + 1
+
+    def proportional(self) -> float:
+        """g if verify grew in proportion to the tokens it verifies."""
+        tokens = self.batch * self.verified()
+        return self.phases.get(VERIFY, 0.0) / tokens if tokens > 0 else 0.0
+
+    def verify_growth(self) -> Growth:
+        if self.growth is not None:
+            return self.growth
+        return Growth(0.0, 0.0, self.proportional(), "bounded (flat to proportional)")
+
+
+def expected_tokens(a: list[float], k: int) -> float:
+    total, run = 1.0, 1.0
+    for i in range(k):
+        run *= a[i] if i < len(a) else (a[-1] if a else 0.0)
+        total += run
+    return total
+
+
+LOW, CENTRAL, HIGH = "low", "central", "high"
+
+
+def measured_positions(inp: Inputs) -> int:
+    """Draft positions whose acceptance the inputs hold: the profiled K, or those of another
+    bucket where the profile ran at 0 steps (`advisor.advise`)."""
+    return len(inp.per_position) if inp.steps == 0 else min(len(inp.per_position), inp.steps)
+
+
+def acceptance(inp: Inputs, k: int, which: str) -> list[float]:
+    """a_1..a_k. Beyond the measured positions nothing is known: `low` takes 0, `high` holds
+    the last, and `central` goes on as the last two measured positions went, a_K * r^j with
+    r = a_K / a_(K-1) (at most 1: a draft's conditional acceptance falls with depth, never
+    climbs), which is a_K held where K < 2. From a tree (topk T > 1) the positions are its
+    levels, which a chain reaches at most as often (`high`): `low` takes the draft's first
+    choice to win at least 1/T of each level's acceptance, `central` halfway between."""
+    a = [x if x is not None else 0.0 for x in inp.per_position[: measured_positions(inp)]]
+    r = min(a[-1] / a[-2], 1.0) if len(a) >= 2 and a[-2] > 0 else 1.0
+    if inp.topk > 1 and which != HIGH:
+        share = 1.0 / inp.topk if which == LOW else (1.0 + 1.0 / inp.topk) / 2
+        a = [x * share for x in a]
+    while len(a) < k:
+        a.append(0.0 if which == LOW or not a else a[-1] * (r if which == CENTRAL else 1.0))
+    return a
+
+
+def cycle_ms(inp: Inputs, k: int, per_token: float, tokens: int | None = None, step_share: float = 1.0) -> float:
+    """T(k) with verify growing `per_token` GPU ms per verified token, verifying `tokens` a
+    request (topk 1: k + 1), each draft step that runs the draft model costing `step_share`
+    of a profiled one (a chain's step drafts one token a request where a tree's drafts topk)."""
+    K = inp.steps
+    ph = inp.phases
+    fixed = sum(v for n, v in ph.items() if n not in (VERIFY, DRAFT, DRAFT_EXTEND)) + inp.between_ms
+    # the steps after the first run the draft model (the first reads the inputs); at K = 0 the
+    # step times are another bucket's (advisor.advise), all of them its own
+    forward_steps = [s for s in inp.step_ms[: max((K if K else len(inp.step_ms)) - 1, 0)]]
+    # at 1 step no draft step runs the draft model: one is taken to cost what its extend
+    # over the verified tokens does (on the H200, 0.43 and 0.48 ms a step against 0.52 and
+    # 0.70 ms of extend at 1 and 17-32 requests), which bounds it from above
+    s = sum(forward_steps) / len(forward_steps) if forward_steps else ph.get(DRAFT_EXTEND, 0.0)
+    draft = max(ph.get(DRAFT, 0.0) + (k - K) * s - (1.0 - step_share) * max(k - 1, 0) * s, 0.0)
+    base = ph.get(VERIFY, 0.0)
+    verify = max(base + per_token * inp.batch * ((k + 1 if tokens is None else tokens) - inp.verified()), 0.0)
+    extend = ph.get(DRAFT_EXTEND, 0.0) * (verify / base if base > 0 else 1.0)
+    return fixed + draft + verify + extend
+
+
+
+def setting(r: dict, topk: int = 1) -> dict:
+    return {"topk": r.get("topk", topk), "steps": r["steps"], "draft_tokens": r["draft_tokens"],
+            "tokens_per_s": r["tokens_per_s"], "low": r["low"], "high": r["high"]}
