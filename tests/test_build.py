@@ -187,7 +187,8 @@ def test_foreign_from_wheel_is_refused(tmp_path, default_release):
 def test_contradicting_flags(upstream_wheel, tmp_path):
     proc = run_build("--from-wheel", str(upstream_wheel), "--python-tag", "cp312", "--out", str(tmp_path))
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    assert proc.stderr.splitlines()[-1] == "build.py: error: argument --python-tag: not allowed with argument --from-wheel"
+    said = proc.stderr.splitlines()[-1]
+    assert said == "build.py: error: argument --python-tag: not allowed with argument --from-wheel"
     assert not tmp_path.joinpath("d").exists()
 
 

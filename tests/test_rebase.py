@@ -6,7 +6,7 @@ import zipfile
 import pytest
 
 from conftest import ROOT, pinned_wheel, run_build
-from specprof_build import export, hookmap, rebase, release
+from specprof_build import export, git, hookmap, rebase, release
 from specprof_build.errors import BuildError
 
 OLD = '''def other():
@@ -295,17 +295,17 @@ def test_every_series_round_trips_byte_for_byte(version):
 def test_interrupted_before_git_rebase_then_continue(env, monkeypatch):
     tmp, patches, old, old_wheel = env
     pin, new_wheel = new_release(tmp, "# moved\n" * 3 + OLD)
-    real = rebase._git
+    real = git.run
 
     def interrupt_at_rebase(args, cwd, **kw):
         if args[0] == "rebase":
             raise KeyboardInterrupt
         return real(args, cwd, **kw)
 
-    monkeypatch.setattr(rebase, "_git", interrupt_at_rebase)
+    monkeypatch.setattr(git, "run", interrupt_at_rebase)
     with pytest.raises(KeyboardInterrupt):
         rebase.rebase_trees(old, old_wheel, pin, new_wheel, quiet)
-    monkeypatch.setattr(rebase, "_git", real)
+    monkeypatch.setattr(git, "run", real)
     assert not (patches / "sglang-1.1.0").exists()
     dest = rebase.resume("1.1.0", quiet)  # --continue begins the rebase that never started
     assert "\n@@ -7,5 +7,6 @@ def other():\n" in (dest / "worker-mark.patch").read_text()
