@@ -46,11 +46,11 @@ def _in_progress(work: Path) -> bool:
 
 def _conflict_message(work: Path, onto: str) -> str:
     st = _state(work)
-    subject = ""
+    name = "a patch"
     msg = work / ".git" / "rebase-merge" / "message"
     if msg.is_file():
-        subject = msg.read_text().splitlines()[0].strip()
-    name = st["names"].get(subject, subject or "a patch")
+        text = msg.read_text()
+        name = git.patch_filename(text) or text.split("\n", 1)[0].strip() or name
     files = git.run(["diff", "--name-only", "--diff-filter=U"], work, check=False).stdout.split()
     return (f"{name} conflicts with sglang {onto} in {', '.join(files) or 'the tree'}. Resolve it in {work} "
             f"(git add the files; or drop the patch there with git rebase --skip), then run: "
@@ -70,10 +70,12 @@ def _finish(work: Path, onto: str, accept_moves: bool, log) -> Path:
     commits = git.run(["rev-list", "--reverse", f"upstream-{onto}..HEAD"], work, check=True).stdout.split()
     named = []
     for c in commits:
-        subject = git.run(["log", "-1", "--format=%s", c], work, check=True).stdout.strip()
-        name = st["names"].get(subject) or re.sub(r"[^A-Za-z0-9]+", "-", subject).strip("-").lower()[:60] + ".patch"
+        message = git.run(["log", "-1", "--format=%B", c], work, check=True).stdout
+        subject = message.split("\n", 1)[0].strip()  # a commit made during the rebase is named for its subject
+        name = git.patch_filename(message) or (re.sub(r"[^A-Za-z0-9]+", "-", subject).strip("-").lower()[:60]
+                                               + ".patch")
         named.append((name, export.export_commit(work, c)))
-    dropped = sorted(set(st["names"].values()) - {n for n, _ in named})
+    dropped = sorted(set(st["patches"]) - {n for n, _ in named})
     touched = git.run(["diff", "--name-only", f"upstream-{onto}..HEAD"], work, check=True).stdout.split()
     files = sorted(set(st["files"]) | set(touched))
     # A hook that merged cleanly can still read a name the new release renamed.
@@ -143,14 +145,11 @@ def rebase_trees(old: release.Release, old_wheel: Path, new_pin: release.Pin, ne
         git.run(["add", "-A"], work, check=True)
         git.run(["commit", "-q", "-m", f"upstream {from_version}"], work, check=True)
         git.run(["tag", f"upstream-{from_version}"], work, check=True)
-        names, files = {}, set()
+        files = set()
         for p in old.patches:
-            proc = git.run(["am", "-q", "-k", "--committer-date-is-author-date", str(p.resolve())], work, check=False)
-            if proc.returncode != 0:
+            if git.am(work, p).returncode != 0:
                 raise BuildError(f"{p.name} does not apply to sglang {from_version} itself; run python build.py "
                                  f"--sglang {from_version} --check.")
-            subject = git.run(["log", "-1", "--format=%s"], work, check=True).stdout.strip()
-            names[subject] = p.name
             files.update(git.run(["show", "--name-only", "--format=", "HEAD"], work, check=True).stdout.split())
         hooks = hookmap.hook_map(work, sorted(files))
         git.run(["checkout", "-q", "--orphan", "upstream-new"], work, check=True)
@@ -162,7 +161,7 @@ def rebase_trees(old: release.Release, old_wheel: Path, new_pin: release.Pin, ne
         git.run(["tag", f"upstream-{onto}"], work, check=True)
         git.run(["checkout", "-q", "series"], work, check=True)
         (work / ".git" / "specprof-rebase.json").write_text(json.dumps({
-            "from": from_version, "onto": onto, "names": names, "files": sorted(files),
+            "from": from_version, "onto": onto, "patches": [p.name for p in old.patches], "files": sorted(files),
             "new_wheel": str(new_wheel),
             "hooks": hooks, "pin": {"version": new_pin.version, "revision": new_pin.revision,
                                     "artifacts": new_pin.artifacts, "note": new_pin.note}}))
@@ -227,8 +226,7 @@ def roundtrip(version: str, cache: Path) -> list[str]:
         git.run(["commit", "-q", "-m", f"upstream {version}"], work, check=True)
         changed = []
         for p in rel.patches:
-            proc = git.run(["am", "-q", "-k", "--committer-date-is-author-date", str(p.resolve())], work, check=False)
-            if proc.returncode != 0:
+            if git.am(work, p).returncode != 0:
                 return [f"{p.name} does not apply"]
             if export.export_commit(work, "HEAD") != p.read_text():
                 changed.append(p.name)
