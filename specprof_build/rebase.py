@@ -37,7 +37,11 @@ def _clear_tree(work: Path) -> None:
 
 
 def _state(work: Path) -> dict:
-    return json.loads((work / ".git" / "specprof-rebase.json").read_text())
+    st = json.loads((work / ".git" / "specprof-rebase.json").read_text())
+    if "patches" not in st:  # its commits carry no Patch-Filename trailer to name the patches by
+        raise BuildError(f"The rebase in {work} was begun by an older build.py; drop it with --abort "
+                         f"and start it again.")
+    return st
 
 
 def _in_progress(work: Path) -> bool:
@@ -45,7 +49,6 @@ def _in_progress(work: Path) -> bool:
 
 
 def _conflict_message(work: Path, onto: str) -> str:
-    st = _state(work)
     name = "a patch"
     msg = work / ".git" / "rebase-merge" / "message"
     if msg.is_file():
