@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 import shutil
-import subprocess
 import tempfile
 from pathlib import Path
 
@@ -27,10 +26,6 @@ def hunks(patch_text: str) -> dict[str, list[int]]:
         end = sections[i + 1].start() if i + 1 < len(sections) else len(patch_text)
         out[m.group(1)] = [int(h.group(1)) for h in _HUNK.finditer(patch_text, m.end(), end)]
     return out
-
-
-def _git(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    return git.run(args, cwd)
 
 
 _UNSAFE_MODE = re.compile(r"^(?:new file mode|new mode|old mode|deleted file mode) 120000$", re.M)
@@ -62,7 +57,7 @@ def check_one(tree: Path, patch: Path) -> None:
     """Raise BuildError naming patch, file and hunk unless the patch applies exactly."""
     text = patch.read_bytes().decode("utf-8", errors="replace")
     check_safe(text, patch.name)
-    proc = _git(["apply", "--check", "--verbose", str(patch.resolve())], tree)
+    proc = git.run(["apply", "--check", "--verbose", str(patch.resolve())], tree)
     lines = (proc.stderr + proc.stdout).splitlines()
     current = None
     table = hunks(text)
@@ -103,7 +98,7 @@ def apply_series(tree: Path, patches: list[Path], log=print, write: bool = True)
         return
     for patch in patches:
         check_one(tree, patch)
-        proc = _git(["apply", str(patch.resolve())], tree)
+        proc = git.run(["apply", str(patch.resolve())], tree)
         if proc.returncode != 0:
             raise BuildError(f"{patch.name} does not apply: {proc.stderr.strip().splitlines()[-1]}.")
         log(f"apply     {patch.name} ({sum(len(v) for v in hunks(patch.read_text()).values())} hunks, exact)")

@@ -18,39 +18,123 @@ copy_out = shutil.copyfile
 BUILD_PARTIAL = "partial-"  # dist/.partial-<pid>-<wheel>: a wheel being written
 
 
-# build.py's other commands (main() hands them their own parsers): one line each in --help
-SUBCOMMANDS = """\
-other commands (each with its own --help):
-  build.py rebase --onto X.Y.Z [--from A.B.C]   carry the series to another release (--continue, --abort)
-  build.py upstream                             a release the series miss? does the newest series apply to it?"""
+def _exclusive(parser: argparse.ArgumentParser, *actions: argparse.Action) -> None:
+    """Make arguments already added mutually exclusive, so that argparse itself refuses them
+    together (one sentence, exit 2). argparse's own groups take only new arguments, and an
+    argument may conflict with several others that do not conflict with each other."""
+    parser.add_mutually_exclusive_group()._group_actions.extend(actions)
+
+
+def _source_options(p) -> list[argparse.Action]:
+    """Which upstream wheel: the release, and a given wheel or the tags to fetch one for."""
+    return [
+        p.add_argument("--sglang", metavar="VERSION", help="the upstream release (default: patches/default)"),
+        p.add_argument("--from-wheel", metavar="FILE", type=Path,
+                       help="build from this upstream wheel instead of downloading (hash-checked against the "
+                            "pin; it builds for its own tags: not with --python-tag or --platform)"),
+        p.add_argument("--python-tag", metavar="TAG", help="build for another interpreter, e.g. cp312"),
+        p.add_argument("--platform", metavar="PLAT", help="build for another platform, e.g. manylinux_2_34_aarch64"),
+        p.add_argument("--cache-dir", metavar="DIR", type=Path, default=None,
+                       help="download cache (default: $SGLANG_SPECPROF_CACHE or ~/.cache/sglang-specprof)"),
+        p.add_argument("--offline", action="store_true", help="never download; use the cache or --from-wheel"),
+    ]
+
+
+def _patches_option(p) -> argparse.Action:
+    return p.add_argument("--patches", metavar="DIR", type=Path, default=None,
+                          help="the folder of series (default: this checkout's patches/)")
+
+
+def _quiet_option(p, what="print only the wheel's path") -> argparse.Action:
+    return p.add_argument("-q", "--quiet", action="store_true", help=what)
+
+
+def _exclude_given_wheel_with_tags(p, actions) -> None:
+    by_flag = {a.option_strings[0]: a for a in actions}
+    for tag in ("--python-tag", "--platform"):
+        _exclusive(p, by_flag["--from-wheel"], by_flag[tag])
+
+
+class _Spelled(argparse.Action):
+    """--check, --list, --into SITE, --restore SITE: the commands' spelling as flags, which
+    build.py had first; each names its command (and the site) as the command itself does."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        namespace.command = self.const
+        if self.nargs != 0:
+            namespace.site = values
+
+
+USAGE = """build.py [options]          build the wheel (the options below)
+       build.py COMMAND [options]  check, into, restore, list, rebase, upstream: build.py COMMAND --help"""
 
 
 def parser() -> argparse.ArgumentParser:
+    """The whole command line: the build's options at the top (no command builds the wheel),
+    the other modes as commands with options of their own, and the older flag spelling of
+    four of them. argparse refuses every combination that contradicts itself."""
     p = argparse.ArgumentParser(
-        prog="build.py",
+        prog="build.py", usage=USAGE,
         description="Build sglang-X.Y.Z+specprof.N: a pinned SGLang release with the patch series\n"
         "and the timing overlay applied, as a drop-in wheel.",
-        epilog=SUBCOMMANDS, formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--sglang", metavar="VERSION", help="the upstream release (default: patches/default)")
-    p.add_argument("--list", action="store_true", help="list the releases that have a series, and exit")
-    p.add_argument("--check", action="store_true", help="check that the series applies exactly; write nothing")
-    p.add_argument("--from-wheel", metavar="FILE", type=Path,
-                   help="build from this upstream wheel instead of downloading (hash-checked against the pin)")
-    p.add_argument("--python-tag", metavar="TAG", help="build for another interpreter, e.g. cp312")
-    p.add_argument("--platform", metavar="PLAT", help="build for another platform, e.g. manylinux_2_34_aarch64")
-    p.add_argument("--out", metavar="DIR", type=Path, default=Path("dist"), help="where the wheel goes (default: dist)")
-    p.add_argument("--cache-dir", metavar="DIR", type=Path, default=None,
-                   help="download cache (default: $SGLANG_SPECPROF_CACHE or ~/.cache/sglang-specprof)")
-    p.add_argument("--offline", action="store_true", help="never download; use the cache or --from-wheel")
-    p.add_argument("--into", metavar="SITE", type=Path, default=None,
-                   help="instead of a wheel, patch the sglang already installed in SITE (the folder holding "
-                        "sglang/), after checking it is the release as published")
-    p.add_argument("--restore", metavar="SITE", type=Path, default=None,
-                   help="take an --into back out of SITE: the published files, byte for byte")
-    p.add_argument("--patches", metavar="DIR", type=Path, default=None,
-                   help="the folder of series (default: this checkout's patches/)")
-    p.add_argument("-q", "--quiet", action="store_true", help="print only the wheel's path")
+    source = _source_options(p)
+    _exclude_given_wheel_with_tags(p, source)
+    top = [*source,
+           p.add_argument("--out", metavar="DIR", type=Path, default=Path("dist"),
+                          help="where the wheel goes (default: dist)"),
+           _patches_option(p), _quiet_option(p)]
+
+    flags = p.add_argument_group("the commands check, list, into and restore as flags (one at a time)")
+    one = flags.add_mutually_exclusive_group()
+    check = one.add_argument("--check", action=_Spelled, nargs=0, const="check", dest="command",
+                             help="= build.py check: check that the series applies exactly; write nothing")
+    listed = one.add_argument("--list", action=_Spelled, nargs=0, const="list", dest="command",
+                              help="= build.py list: the releases that have a series")
+    into = one.add_argument("--into", action=_Spelled, const="into", dest="command", metavar="SITE", type=Path,
+                            help="= build.py into SITE: patch the sglang installed in SITE instead of building")
+    restore = one.add_argument("--restore", action=_Spelled, const="restore", dest="command", metavar="SITE",
+                               type=Path, help="= build.py restore SITE: take an --into back out of SITE")
+    by_flag = {a.option_strings[0]: a for a in source}
+    for tag in ("--from-wheel", "--python-tag", "--platform"):  # into and restore fetch no upstream wheel
+        _exclusive(p, into, restore, by_flag[tag])
+    _exclusive(p, restore, by_flag["--sglang"])  # restore puts back the release the site holds
+    top += [check, listed, into, restore]
+
+    commands = p.add_subparsers(dest="command", metavar="COMMAND", title="commands (each with its own --help)")
+    for action in top:  # an option before the command would be silently the build's: refused
+        _exclusive(p, commands, action)
+
+    c = commands.add_parser(
+        "check", prog="build.py check", help="does the series apply exactly to the pinned wheel? writes nothing",
+        description="Apply the series to the pinned upstream wheel in a temporary folder, with zero fuzz and zero "
+        "offset, and check that every name a hook reads is bound there. Writes nothing.")
+    _exclude_given_wheel_with_tags(c, _source_options(c))
+    _patches_option(c)
+    _quiet_option(c, "print nothing but errors")
+
+    i = commands.add_parser(
+        "into", prog="build.py into", help="patch the sglang installed in SITE in place (containers)",
+        description="Patch the sglang installed in SITE (the folder holding sglang/) in place, after checking it "
+        "is the release as published; all or nothing.")
+    i.add_argument("site", metavar="SITE", type=Path, help="the site-packages folder that holds sglang/")
+    i.add_argument("--sglang", metavar="VERSION", help="the release SITE must hold (default: the one it holds)")
+    _patches_option(i)
+    _quiet_option(i, "print only the site")
+
+    r = commands.add_parser(
+        "restore", prog="build.py restore", help="take an into back out of SITE: the published files",
+        description="Take a build.py into back out of SITE: the published files, byte for byte.")
+    r.add_argument("site", metavar="SITE", type=Path, help="the site-packages folder that holds sglang/")
+    _quiet_option(r, "print nothing but errors")
+
+    lst = commands.add_parser("list", prog="build.py list", help="the releases that have a series; the default marked",
+                              description="List the releases that have a series; the default is marked.")
+    _patches_option(lst)
+
+    rebase_parser(commands)
+    upstream_parser(commands)
     return p
 
 
@@ -76,43 +160,62 @@ def _deliver(wheel: Path, out: Path) -> Path:
     return final
 
 
-def into(args, log) -> Path:
-    t0 = time.monotonic()
-    if args.from_wheel or args.python_tag or args.platform or args.check:
-        raise BuildError("--into patches an installed sglang; leave out --from-wheel, --python-tag, --platform and --check.")
-    patches = args.patches or release.PATCHES
-    installed = inplace.installed_version(args.into)
-    if "+specprof" in installed:
-        raise BuildError(f"{args.into} already holds the sglang-specprof wheel ({installed}); nothing to patch.")
-    if args.sglang and args.sglang != installed:
-        raise BuildError(f"--sglang {args.sglang}, but {args.into} holds sglang {installed}.")
-    rel = release.load(installed, patches)
-    added = inplace.apply_installed(args.into, rel, log)
-    log(f"done      {len(rel.patches)} patches and {len(added)} files into {args.into} in {time.monotonic() - t0:.1f} s")
-    return args.into
-
-
-def build(args, log) -> Path | None:
-    t0 = time.monotonic()
+def _patches(args) -> Path:
     patches = args.patches or release.PATCHES
     if not patches.is_dir():
         raise BuildError(f"--patches {patches}: no such folder.")
+    return patches
+
+
+def _release(args, patches) -> release.Release:
     if args.sglang is not None:
         release.check_release(args.sglang, patches)
-    if args.restore is not None:
-        if args.into is not None or args.sglang or args.check or args.from_wheel:
-            raise BuildError("--restore takes only the site; leave out --into, --sglang, --check and --from-wheel.")
-        with inplace.locked(args.restore):
-            inplace.restore_installed(args.restore, log)
-        return None
-    if args.into is not None:
-        with inplace.locked(args.into):  # one --into or --restore at a time on a site
-            return into(args, log)
-    rel = release.load(args.sglang or release.default_release(patches), patches)
+    return release.load(args.sglang or release.default_release(patches), patches)
+
+
+def into(args, log) -> Path:
+    """build.py into SITE (--into SITE): the series and the overlay into an installed sglang."""
+    t0 = time.monotonic()
+    patches = _patches(args)
+    if args.sglang is not None:
+        release.check_release(args.sglang, patches)
+    with inplace.locked(args.site):  # one into or restore at a time on a site
+        installed = inplace.installed_version(args.site)
+        if "+specprof" in installed:
+            raise BuildError(f"{args.site} already holds the sglang-specprof wheel ({installed}); nothing to patch.")
+        if args.sglang and args.sglang != installed:
+            raise BuildError(f"--sglang {args.sglang}, but {args.site} holds sglang {installed}.")
+        rel = release.load(installed, patches)
+        added = inplace.apply_installed(args.site, rel, log)
+    log(f"done      {len(rel.patches)} patches and {len(added)} files into {args.site} in {time.monotonic() - t0:.1f} s")
+    return args.site
+
+
+def restore(args, log) -> None:
+    """build.py restore SITE (--restore SITE)."""
+    with inplace.locked(args.site):
+        inplace.restore_installed(args.site, log)
+
+
+def list_releases(args, log) -> None:
+    """build.py list (--list)."""
+    patches = args.patches or release.PATCHES
+    default = release.default_release(patches)
+    for v in release.available(patches):
+        print(f"{v}{'  (default)' if v == default else ''}")
+
+
+def check_series(args, log) -> None:
+    """build.py check (--check)."""
+    rel = _release(args, _patches(args))
+    check(rel, *_upstream(args, rel, log), log)
+
+
+def build(args, log) -> Path:
+    """build.py with no command: the wheel into --out."""
+    t0 = time.monotonic()
+    rel = _release(args, _patches(args))
     name, source = _upstream(args, rel, log)
-    if args.check:
-        check(rel, name, source, log)
-        return None
     final = build_wheel(args, rel, name, source, log)
     log(f"done      in {time.monotonic() - t0:.1f} s")
     return final
@@ -200,9 +303,9 @@ def build_wheel(args, rel, name, source, log) -> Path:
     return final
 
 
-def rebase_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="build.py rebase",
+def rebase_parser(commands) -> argparse.ArgumentParser:
+    p = commands.add_parser(
+        "rebase", prog="build.py rebase", help="carry the series to another release (--onto X.Y.Z [--from A.B.C])",
         description="Carry the patch series to another SGLang release: import it as commits on the old "
         "release, replay them onto the new one with git's 3-way merge, and export patches/sglang-NEW/.",
     )
@@ -230,30 +333,26 @@ def _guarded(prog: str, on_interrupt: str, fn) -> int:
         return 130
 
 
-def main_rebase(argv) -> int:
-    args = rebase_parser().parse_args(argv)
-    log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
-
-    def run():
-        for flag, version in (("--onto", args.onto), ("--from", args.from_version)):
-            if version is not None and not release.is_release(version):  # before it names a folder or asks PyPI
-                raise BuildError(f"{flag} {release.shown(version)} is not an SGLang release number (like 0.5.16).")
-        if args.abort:
-            rebase.abort(args.onto, log)
-        elif args.cont:
-            print(rebase.resume(args.onto, log, args.accept_hook_moves))
-        else:
-            if args.from_version and args.from_version == args.onto:
-                raise BuildError("--from and --onto name the same release; nothing to rebase.")
-            print(rebase.start(args.onto, args.from_version, args.cache_dir or fetch.default_cache(), log,
-                               args.accept_hook_moves))
-
-    return _guarded("build.py rebase", "run it again with --continue or --abort.", run)
+def run_rebase(args, log) -> None:
+    """build.py rebase."""
+    for flag, version in (("--onto", args.onto), ("--from", args.from_version)):
+        if version is not None and not release.is_release(version):  # before it names a folder or asks PyPI
+            raise BuildError(f"{flag} {release.shown(version)} is not an SGLang release number (like 0.5.16).")
+    if args.abort:
+        rebase.abort(args.onto, log)
+    elif args.cont:
+        print(rebase.resume(args.onto, log, args.accept_hook_moves))
+    else:
+        if args.from_version and args.from_version == args.onto:
+            raise BuildError("--from and --onto name the same release; nothing to rebase.")
+        print(rebase.start(args.onto, args.from_version, args.cache_dir or fetch.default_cache(), log,
+                           args.accept_hook_moves))
 
 
-def upstream_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="build.py upstream",
+def upstream_parser(commands) -> argparse.ArgumentParser:
+    p = commands.add_parser(
+        "upstream", prog="build.py upstream",
+        help="a release the series miss? does the newest series apply to it? (exit 3: it does not)",
         description="Is there an SGLang release the series do not cover, and does the newest series apply to the "
         "newest release? Writes nothing (the release's wheel goes to a temporary folder unless --cache-dir). "
         "Exit 0: up to date, or the newest series applies as it is; 3: it does not; 1: the check could not run.")
@@ -264,31 +363,30 @@ def upstream_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main_upstream(argv) -> int:
-    args = upstream_parser().parse_args(argv)
-    log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
-    return _guarded("build.py upstream", "nothing was written.", lambda: upstream.main(args, log))
+def _print_path(run):
+    """A command whose result is a path prints it on stdout (the wheel, the site)."""
+    def printed(args, log):
+        result = run(args, log)
+        if result is not None:
+            print(result)
+    return printed
+
+
+# Each command: what runs it, its name in its error messages, and what an interrupt leaves.
+COMMANDS = {
+    "build": (_print_path(build), "build.py", lambda args: "nothing was written."),
+    "check": (check_series, "build.py", lambda args: "nothing was written."),
+    "list": (list_releases, "build.py", lambda args: "nothing was written."),
+    "into": (_print_path(into), "build.py", lambda args: f"{args.site} is as it was."),
+    "restore": (restore, "build.py", lambda args: f"{args.site} is as it was."),
+    "rebase": (run_rebase, "build.py rebase", lambda args: "run it again with --continue or --abort."),
+    "upstream": (upstream.main, "build.py upstream", lambda args: "nothing was written."),
+}
 
 
 def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["rebase"]:
-        return main_rebase(argv[1:])
-    if argv[:1] == ["upstream"]:
-        return main_upstream(argv[1:])
     args = parser().parse_args(argv)
-    log = (lambda *a, **k: None) if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
-
-    def run():
-        if args.list:
-            patches = args.patches or release.PATCHES
-            default = release.default_release(patches)
-            for v in release.available(patches):
-                print(f"{v}{'  (default)' if v == default else ''}")
-            return
-        wheel = build(args, log)
-        if wheel is not None:
-            print(wheel)
-
-    where = args.into or args.restore
-    return _guarded("build.py", f"{where} is as it was." if where is not None else "nothing was written.", run)
+    run, prog, on_interrupt = COMMANDS[args.command or "build"]
+    quiet = getattr(args, "quiet", False)
+    log = (lambda *a, **k: None) if quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
+    return _guarded(prog, on_interrupt(args), lambda: run(args, log))

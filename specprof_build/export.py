@@ -16,7 +16,7 @@ def export_commit(repo: Path, commit: str) -> str:
     proc = git.run([*FORMAT_PATCH, "-1", commit], repo)
     if proc.returncode != 0:
         raise BuildError(f"git format-patch failed for {commit}: {proc.stderr.strip()}.")
-    return proc.stdout
+    return git.drop_patch_filename(proc.stdout)
 
 
 def write_series(directory: Path, named_patches: list[tuple[str, str]]) -> None:

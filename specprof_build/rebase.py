@@ -21,10 +21,6 @@ from .errors import BuildError
 WORK = release.ROOT / ".rebase"
 
 
-def _git(args, cwd, check=True):
-    return git.run(args, cwd, check)
-
-
 def published_pin(version: str, timeout: float = 30) -> release.Pin:
     """The pin of a release as PyPI lists it: every file name and its sha256."""
     try:
@@ -41,7 +37,11 @@ def _clear_tree(work: Path) -> None:
 
 
 def _state(work: Path) -> dict:
-    return json.loads((work / ".git" / "specprof-rebase.json").read_text())
+    st = json.loads((work / ".git" / "specprof-rebase.json").read_text())
+    if "patches" not in st:  # its commits carry no Patch-Filename trailer to name the patches by
+        raise BuildError(f"The rebase in {work} was begun by an older build.py; drop it with --abort "
+                         f"and start it again.")
+    return st
 
 
 def _in_progress(work: Path) -> bool:
@@ -49,13 +49,12 @@ def _in_progress(work: Path) -> bool:
 
 
 def _conflict_message(work: Path, onto: str) -> str:
-    st = _state(work)
-    subject = ""
+    name = "a patch"
     msg = work / ".git" / "rebase-merge" / "message"
     if msg.is_file():
-        subject = msg.read_text().splitlines()[0].strip()
-    name = st["names"].get(subject, subject or "a patch")
-    files = _git(["diff", "--name-only", "--diff-filter=U"], work, check=False).stdout.split()
+        text = msg.read_text()
+        name = git.patch_filename(text) or text.split("\n", 1)[0].strip() or name
+    files = git.run(["diff", "--name-only", "--diff-filter=U"], work, check=False).stdout.split()
     return (f"{name} conflicts with sglang {onto} in {', '.join(files) or 'the tree'}. Resolve it in {work} "
             f"(git add the files; or drop the patch there with git rebase --skip), then run: "
             f"python build.py rebase --onto {onto} --continue; or give up with: "
@@ -65,20 +64,22 @@ def _conflict_message(work: Path, onto: str) -> str:
 def _finish(work: Path, onto: str, accept_moves: bool, log) -> Path:
     st = _state(work)
     again = f"then run python build.py rebase --onto {onto} --continue; nothing was written to patches/"
-    dirty = _git(["status", "--porcelain", "--untracked-files=no"], work).stdout.split("\n")
+    dirty = git.run(["status", "--porcelain", "--untracked-files=no"], work, check=True).stdout.split("\n")
     dirty = [line[3:] for line in dirty if line.strip()]
     if dirty:  # the series is exported from the commits: an edit left outside them would be lost
         raise BuildError(f"{work} has changes that are in no commit ({', '.join(dirty)}); commit each into the "
                          f"patch it belongs to (git commit --amend, or git rebase -i upstream-{onto}) or drop it "
                          f"(git checkout -- .), {again}.")
-    commits = _git(["rev-list", "--reverse", f"upstream-{onto}..HEAD"], work).stdout.split()
+    commits = git.run(["rev-list", "--reverse", f"upstream-{onto}..HEAD"], work, check=True).stdout.split()
     named = []
     for c in commits:
-        subject = _git(["log", "-1", "--format=%s", c], work).stdout.strip()
-        name = st["names"].get(subject) or re.sub(r"[^A-Za-z0-9]+", "-", subject).strip("-").lower()[:60] + ".patch"
+        message = git.run(["log", "-1", "--format=%B", c], work, check=True).stdout
+        subject = message.split("\n", 1)[0].strip()  # a commit made during the rebase is named for its subject
+        name = git.patch_filename(message) or (re.sub(r"[^A-Za-z0-9]+", "-", subject).strip("-").lower()[:60]
+                                               + ".patch")
         named.append((name, export.export_commit(work, c)))
-    dropped = sorted(set(st["names"].values()) - {n for n, _ in named})
-    touched = _git(["diff", "--name-only", f"upstream-{onto}..HEAD"], work).stdout.split()
+    dropped = sorted(set(st["patches"]) - {n for n, _ in named})
+    touched = git.run(["diff", "--name-only", f"upstream-{onto}..HEAD"], work, check=True).stdout.split()
     files = sorted(set(st["files"]) | set(touched))
     # A hook that merged cleanly can still read a name the new release renamed.
     hookmap.refuse_unbound(work, files, patches=named, release=onto,
@@ -139,34 +140,31 @@ def rebase_trees(old: release.Release, old_wheel: Path, new_pin: release.Pin, ne
     work = WORK / f"sglang-{onto}"
     work.mkdir(parents=True)
     try:
-        _git(["init", "-q", "-b", "series"], work)
+        git.run(["init", "-q", "-b", "series"], work, check=True)
         # byte-compiling a file while resolving a conflict must not put .pyc files into a patch
         (work / ".git" / "info").mkdir(parents=True, exist_ok=True)
         (work / ".git" / "info" / "exclude").write_text("__pycache__/\n*.pyc\n")
         repack.unpack_sources(old_wheel, work)
-        _git(["add", "-A"], work)
-        _git(["commit", "-q", "-m", f"upstream {from_version}"], work)
-        _git(["tag", f"upstream-{from_version}"], work)
-        names, files = {}, set()
+        git.run(["add", "-A"], work, check=True)
+        git.run(["commit", "-q", "-m", f"upstream {from_version}"], work, check=True)
+        git.run(["tag", f"upstream-{from_version}"], work, check=True)
+        files = set()
         for p in old.patches:
-            proc = _git(["am", "-q", "-k", "--committer-date-is-author-date", str(p.resolve())], work, check=False)
-            if proc.returncode != 0:
+            if git.am(work, p).returncode != 0:
                 raise BuildError(f"{p.name} does not apply to sglang {from_version} itself; run python build.py "
                                  f"--sglang {from_version} --check.")
-            subject = _git(["log", "-1", "--format=%s"], work).stdout.strip()
-            names[subject] = p.name
-            files.update(f for f in _git(["show", "--name-only", "--format=", "HEAD"], work).stdout.split())
+            files.update(git.run(["show", "--name-only", "--format=", "HEAD"], work, check=True).stdout.split())
         hooks = hookmap.hook_map(work, sorted(files))
-        _git(["checkout", "-q", "--orphan", "upstream-new"], work)
-        _git(["rm", "-rq", "--cached", "."], work)
+        git.run(["checkout", "-q", "--orphan", "upstream-new"], work, check=True)
+        git.run(["rm", "-rq", "--cached", "."], work, check=True)
         _clear_tree(work)
         repack.unpack_sources(new_wheel, work)
-        _git(["add", "-A"], work)
-        _git(["commit", "-q", "-m", f"upstream {onto}"], work)
-        _git(["tag", f"upstream-{onto}"], work)
-        _git(["checkout", "-q", "series"], work)
+        git.run(["add", "-A"], work, check=True)
+        git.run(["commit", "-q", "-m", f"upstream {onto}"], work, check=True)
+        git.run(["tag", f"upstream-{onto}"], work, check=True)
+        git.run(["checkout", "-q", "series"], work, check=True)
         (work / ".git" / "specprof-rebase.json").write_text(json.dumps({
-            "from": from_version, "onto": onto, "names": names, "files": sorted(files),
+            "from": from_version, "onto": onto, "patches": [p.name for p in old.patches], "files": sorted(files),
             "new_wheel": str(new_wheel),
             "hooks": hooks, "pin": {"version": new_pin.version, "revision": new_pin.revision,
                                     "artifacts": new_pin.artifacts, "note": new_pin.note}}))
@@ -174,7 +172,7 @@ def rebase_trees(old: release.Release, old_wheel: Path, new_pin: release.Pin, ne
         shutil.rmtree(work, ignore_errors=True)
         raise
     log(f"rebase    {len(old.patches)} patches from {from_version} onto {onto} (git rebase, 3-way merge)")
-    proc = _git(["rebase", "-q", "--onto", f"upstream-{onto}", f"upstream-{from_version}", "series"], work,
+    proc = git.run(["rebase", "-q", "--onto", f"upstream-{onto}", f"upstream-{from_version}", "series"], work,
                 check=False)
     if proc.returncode != 0:
         if _in_progress(work):
@@ -188,12 +186,12 @@ def resume(onto: str, log, accept_moves=False) -> Path:
     if not (work / ".git" / "specprof-rebase.json").is_file():
         raise BuildError(f"No rebase onto {onto} is in progress.")
     if _in_progress(work):
-        if _git(["diff", "--name-only", "--diff-filter=U"], work, check=False).stdout.strip():
+        if git.run(["diff", "--name-only", "--diff-filter=U"], work, check=False).stdout.strip():
             raise BuildError(_conflict_message(work, onto))
-        proc = _git(["rebase", "--continue"], work, check=False)
-    elif _git(["merge-base", "--is-ancestor", f"upstream-{onto}", "HEAD"], work, check=False).returncode != 0:
+        proc = git.run(["rebase", "--continue"], work, check=False)
+    elif git.run(["merge-base", "--is-ancestor", f"upstream-{onto}", "HEAD"], work, check=False).returncode != 0:
         # interrupted before git rebase began: begin it now
-        proc = _git(["rebase", "-q", "--onto", f"upstream-{onto}", f"upstream-{_state(work)['from']}", "series"],
+        proc = git.run(["rebase", "-q", "--onto", f"upstream-{onto}", f"upstream-{_state(work)['from']}", "series"],
                     work, check=False)
     else:
         proc = None
@@ -209,7 +207,7 @@ def abort(onto: str, log) -> None:
     if not work.exists():
         raise BuildError(f"No rebase onto {onto} is in progress.")
     if _in_progress(work):
-        _git(["rebase", "--abort"], work, check=False)
+        git.run(["rebase", "--abort"], work, check=False)
     shutil.rmtree(work)
     shutil.rmtree(release.PATCHES / f".sglang-{onto}.partial", ignore_errors=True)
     log(f"aborted   the rebase onto {onto}; patches/ is as it was")
@@ -225,14 +223,13 @@ def roundtrip(version: str, cache: Path) -> list[str]:
     with tempfile.TemporaryDirectory(prefix="specprof-roundtrip-") as tmp:
         work = Path(tmp) / "tree"
         work.mkdir()
-        _git(["init", "-q"], work)
+        git.run(["init", "-q"], work, check=True)
         repack.unpack_sources(wheel, work)
-        _git(["add", "-A"], work)
-        _git(["commit", "-q", "-m", f"upstream {version}"], work)
+        git.run(["add", "-A"], work, check=True)
+        git.run(["commit", "-q", "-m", f"upstream {version}"], work, check=True)
         changed = []
         for p in rel.patches:
-            proc = _git(["am", "-q", "-k", "--committer-date-is-author-date", str(p.resolve())], work, check=False)
-            if proc.returncode != 0:
+            if git.am(work, p).returncode != 0:
                 return [f"{p.name} does not apply"]
             if export.export_commit(work, "HEAD") != p.read_text():
                 changed.append(p.name)

@@ -186,7 +186,92 @@ def test_foreign_from_wheel_is_refused(tmp_path, default_release):
 
 def test_contradicting_flags(upstream_wheel, tmp_path):
     proc = run_build("--from-wheel", str(upstream_wheel), "--python-tag", "cp312", "--out", str(tmp_path))
-    assert proc.returncode == 1 and "leave out --python-tag" in proc.stderr
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    said = proc.stderr.splitlines()[-1]
+    assert said == "build.py: error: argument --python-tag: not allowed with argument --from-wheel"
+    assert not tmp_path.joinpath("d").exists()
+
+
+def _parsed(argv):
+    """What build.py would run for argv: the command and the arguments it reads."""
+    from specprof_build import cli
+
+    args = cli.parser().parse_args(argv)
+    return args.command or "build", {k: v for k, v in vars(args).items() if k != "command"}
+
+
+# Every invocation README.md, docs/, .ci/run and bench/ show, and the command it runs
+DOCUMENTED = [
+    ([], "build", {}),
+    (["--list"], "list", {}),
+    (["--sglang", "0.5.12", "--check"], "check", {"sglang": "0.5.12"}),
+    (["--from-wheel", "FILE"], "build", {"from_wheel": Path("FILE")}),
+    (["--python-tag", "cp312", "--platform", "manylinux_2_34_aarch64"], "build",
+     {"python_tag": "cp312", "platform": "manylinux_2_34_aarch64"}),
+    (["--out", "DIR", "--cache-dir", "C", "--offline", "--patches", "P"], "build",
+     {"out": Path("DIR"), "cache_dir": Path("C"), "offline": True, "patches": Path("P")}),
+    (["-q", "--out", "DIR"], "build", {"quiet": True, "out": Path("DIR")}),
+    (["--sglang", "0.5.12", "--python-tag", "cp312"], "build", {"sglang": "0.5.12", "python_tag": "cp312"}),
+    (["--into", "SITE"], "into", {"site": Path("SITE")}),
+    (["-q", "--sglang", "0.5.16", "--into", "SITE"], "into", {"quiet": True, "sglang": "0.5.16", "site": Path("SITE")}),
+    (["--restore", "SITE"], "restore", {"site": Path("SITE")}),
+    (["rebase", "--onto", "0.5.30"], "rebase", {"onto": "0.5.30", "from_version": None, "cont": False, "abort": False}),
+    (["rebase", "--onto", "0.5.30", "--from", "0.5.16"], "rebase", {"onto": "0.5.30", "from_version": "0.5.16"}),
+    (["rebase", "--onto", "0.5.30", "--continue"], "rebase", {"cont": True, "abort": False}),
+    (["rebase", "--onto", "0.5.30", "--continue", "--accept-hook-moves"], "rebase",
+     {"cont": True, "accept_hook_moves": True}),
+    (["rebase", "--onto", "0.5.30", "--abort"], "rebase", {"cont": False, "abort": True}),
+    (["upstream"], "upstream", {"from_wheel": None}),
+    (["upstream", "--from-wheel", "FILE", "--cache-dir", "DIR"], "upstream",
+     {"from_wheel": Path("FILE"), "cache_dir": Path("DIR")}),
+]
+
+
+@pytest.mark.parametrize("argv, command, reads", DOCUMENTED)
+def test_each_documented_invocation_runs_its_command(argv, command, reads):
+    got, args = _parsed(argv)
+    assert got == command
+    assert {k: args[k] for k in reads} == reads
+
+
+@pytest.mark.parametrize("flags, command", [
+    (["--check", "--sglang", "0.5.12"], ["check", "--sglang", "0.5.12"]),
+    (["--list", "--patches", "P"], ["list", "--patches", "P"]),
+    (["-q", "--sglang", "0.5.16", "--into", "SITE"], ["into", "SITE", "-q", "--sglang", "0.5.16"]),
+    (["--restore", "SITE"], ["restore", "SITE"]),
+])
+def test_a_flag_and_its_command_run_the_same_with_the_same_arguments(flags, command):
+    """The flags are the commands' older spelling: the same command, reading the same values."""
+    kind, by_flag = _parsed(flags)
+    same_kind, by_command = _parsed(command)
+    assert kind == same_kind == command[0]
+    assert {k: by_flag[k] for k in by_command} == by_command
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--check", "--into", "SITE"], "argument --into: not allowed with argument --check"),
+    (["--list", "--restore", "SITE"], "argument --restore: not allowed with argument --list"),
+    (["--into", "SITE", "--restore", "SITE"], "argument --restore: not allowed with argument --into"),
+    (["--into", "SITE", "--from-wheel", "W"], "argument --from-wheel: not allowed with argument --into"),
+    (["--into", "SITE", "--python-tag", "cp312"], "argument --python-tag: not allowed with argument --into"),
+    (["--platform", "P", "--into", "SITE"], "argument --into: not allowed with argument --platform"),
+    (["--restore", "SITE", "--sglang", "0.5.16"], "argument --sglang: not allowed with argument --restore"),
+    (["--restore", "SITE", "--from-wheel", "W"], "argument --from-wheel: not allowed with argument --restore"),
+    (["--from-wheel", "W", "--platform", "P"], "argument --platform: not allowed with argument --from-wheel"),
+    (["--check", "--from-wheel", "W", "--python-tag", "cp312"],
+     "argument --python-tag: not allowed with argument --from-wheel"),
+    (["check", "--from-wheel", "W", "--platform", "P"], "argument --platform: not allowed with argument --from-wheel"),
+    (["into", "SITE", "--from-wheel", "W"], "unrecognized arguments: --from-wheel W"),
+    (["restore", "SITE", "--sglang", "0.5.16"], "unrecognized arguments: --sglang 0.5.16"),
+    (["--sglang", "0.5.16", "into", "SITE"], "argument COMMAND: not allowed with argument --sglang"),
+    (["--check", "check"], "argument COMMAND: not allowed with argument --check"),
+    (["rebase", "--onto", "0.5.30", "--continue", "--abort"], "argument --abort: not allowed with argument --continue"),
+])
+def test_argparse_refuses_contradicting_modes_and_options(argv, says, capsys):
+    with pytest.raises(SystemExit) as e:
+        _parsed(argv)
+    assert e.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1].endswith(f"error: {says}")
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
@@ -290,15 +375,18 @@ def test_rebase_onto_a_name_that_is_no_release_asks_no_one(tmp_path):
         assert "PyPI" not in proc.stderr
 
 
-def test_help_names_the_rebase_and_upstream_commands():
+def test_help_lists_every_command_and_flag():
     proc = run_build("--help")
     assert proc.returncode == 0
     lines = proc.stdout.splitlines()
-    for command in ("rebase", "upstream"):
-        mine = [x for x in lines if x.strip().startswith(f"build.py {command}")]
+    for command in ("check", "into", "restore", "list", "rebase", "upstream"):
+        mine = [x for x in lines if x.strip().split(None, 1)[:1] == [command]]
         assert len(mine) == 1, (command, proc.stdout)  # one line each, saying what it does
-        assert len(mine[0].split(None, 2)) == 3
+        assert len(mine[0].split(None, 1)) == 2
         assert run_build(command, "--help").returncode == 0
+    for flag in ("--sglang", "--from-wheel", "--python-tag", "--platform", "--cache-dir", "--offline", "--out",
+                 "--patches", "--quiet", "--check", "--list", "--into", "--restore"):
+        assert flag in proc.stdout, flag
 
 
 # build.py as Python 3.10 runs it: a sys.version_info of 3.10, and tomllib (new in 3.11, which

@@ -193,7 +193,6 @@ def test_overlay_collision_via_the_build(tmp_path, upstream_wheel, monkeypatch, 
 
 
 @pytest.mark.parametrize("argv, says", [
-    (["--from-wheel", "W", "--platform", "manylinux_2_34_aarch64"], "leave out --python-tag and --platform"),
     (["--patches", "/nonexistent-folder"], "no such folder"),
     (["--python-tag", "cp27"], "publishes no wheel for cp27"),
     (["--sglang", "1" * 5000], "'" + "1" * 40 + "...' is not an SGLang release number"),

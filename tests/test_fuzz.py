@@ -15,7 +15,7 @@ FUZZ = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[Hea
 
 FLAGS = ["--sglang", "--list", "--check", "--from-wheel", "--python-tag", "--platform", "--out", "--cache-dir",
          "--offline", "--patches", "-q", "--quiet", "--help", "rebase", "--onto", "--from", "--continue", "--abort",
-         "--accept-hook-moves", "0.5.12", "0.5.13", "cp312", "manylinux_2_34_aarch64", "x", "", "--", "-"]
+         "--accept-hook-moves", "check", "list", "into", "restore", "upstream", "0.5.12", "0.5.13", "cp312", "manylinux_2_34_aarch64", "x", "", "--", "-"]
 words = st.one_of(st.sampled_from(FLAGS), st.text(string.printable, max_size=12))
 
 

@@ -63,11 +63,16 @@ def test_edited_install_is_refused_and_left_alone(site):
 
 @pytest.mark.parametrize("argv, says", [
     (["--sglang", "0.5.13"], "--sglang 0.5.13, but"),
-    (["--check"], "leave out --from-wheel"),
+    (["--check"], "argument --check: not allowed with argument --into"),
+    (["--python-tag", "cp312"], "argument --python-tag: not allowed with argument --into"),
 ])
 def test_into_with_contradicting_flags(site, argv, says):
+    """A site that holds another release is one sentence (exit 1); a flag --into does not take, argparse's (exit 2)."""
+    before = {p: p.read_bytes() for p in (site / "sglang").rglob("*.py")}
     proc = run_build("--into", str(site), *argv)
-    assert proc.returncode == 1 and says in proc.stderr
+    assert proc.returncode == (1 if argv[0] == "--sglang" else 2) and says in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert {p: p.read_bytes() for p in (site / "sglang").rglob("*.py")} == before
 
 
 def test_into_refuses_a_hook_that_reads_a_name_unbound_there_and_changes_nothing(site, pristine, unbound_patches):

@@ -6,7 +6,7 @@ import zipfile
 import pytest
 
 from conftest import ROOT, pinned_wheel, run_build
-from specprof_build import export, hookmap, rebase, release
+from specprof_build import export, git, hookmap, rebase, release
 from specprof_build.errors import BuildError
 
 OLD = '''def other():
@@ -295,17 +295,17 @@ def test_every_series_round_trips_byte_for_byte(version):
 def test_interrupted_before_git_rebase_then_continue(env, monkeypatch):
     tmp, patches, old, old_wheel = env
     pin, new_wheel = new_release(tmp, "# moved\n" * 3 + OLD)
-    real = rebase._git
+    real = git.run
 
     def interrupt_at_rebase(args, cwd, **kw):
         if args[0] == "rebase":
             raise KeyboardInterrupt
         return real(args, cwd, **kw)
 
-    monkeypatch.setattr(rebase, "_git", interrupt_at_rebase)
+    monkeypatch.setattr(git, "run", interrupt_at_rebase)
     with pytest.raises(KeyboardInterrupt):
         rebase.rebase_trees(old, old_wheel, pin, new_wheel, quiet)
-    monkeypatch.setattr(rebase, "_git", real)
+    monkeypatch.setattr(git, "run", real)
     assert not (patches / "sglang-1.1.0").exists()
     dest = rebase.resume("1.1.0", quiet)  # --continue begins the rebase that never started
     assert "\n@@ -7,5 +7,6 @@ def other():\n" in (dest / "worker-mark.patch").read_text()
@@ -374,3 +374,27 @@ def test_every_name_a_hook_reads_is_there_in_its_release(version, tmp_path):
     files = sorted({f for p in rel.patches for f in apply.hunks(p.read_text())})
     assert files
     assert hook_reads(tree, files) == []
+
+
+def test_an_imported_patch_names_its_file_in_a_trailer_that_the_export_drops(tmp_path):
+    """Electron's Patch-Filename: the commit says which file it came from, and the exported
+    patch is the file's bytes again."""
+    from specprof_build import git
+
+    repo = tmp_path / "r"
+    repo.mkdir()
+    (repo / "f.py").write_text("a = 1\n")
+    git.run(["init", "-q"], repo, check=True)
+    git.run(["add", "-A"], repo, check=True)
+    git.run(["commit", "-q", "-m", "upstream"], repo, check=True)
+    (repo / "f.py").write_text("a = 2\n")
+    git.run(["commit", "-q", "-am", "f: two\n\nDescription: why.\nForwarded: not-needed\nLast-Update: 2026-12-05"],
+            repo, check=True)
+    patch = tmp_path / "f-two.patch"
+    patch.write_text(export.export_commit(repo, "HEAD"))
+    git.run(["reset", "-q", "--hard", "HEAD~1"], repo, check=True)
+    assert git.am(repo, patch).returncode == 0
+    message = git.run(["log", "-1", "--format=%B"], repo, check=True).stdout
+    assert git.patch_filename(message) == "f-two.patch"
+    assert "Patch-Filename: f-two.patch" in git.run([*export.FORMAT_PATCH, "-1", "HEAD"], repo).stdout
+    assert export.export_commit(repo, "HEAD") == patch.read_text()
