@@ -44,7 +44,7 @@ so that a run cut short still leaves what it measured.
 
     python bench/soak.py --out OUT --logs OUT/logs --seconds 600
 
-On the lent GPU machine (600 s a command, the results packed 60 s before it ends), from the
+On a machine that runs a command 600 s at most (the results packed 60 s before it ends), from the
 repository root with the offline bundle at .gpu-bundle/site-0.5.16.tar.xz (sent along), through
 bench/run_soak.sh, which unpacks the bundle, patches it in place (`build.py --into`) and runs
 this in a session of its own, as bench/run_closed_loop.sh does:
@@ -54,14 +54,14 @@ this in a session of its own, as bench/run_closed_loop.sh does:
   two servers to start, 600 s of load, about 15 s to drain and analyse; it ends some 300 s
   into the second call:
 
-      bench/run_soak.sh start 540 "$OUT"        # --seconds 600, the default
-      bench/run_soak.sh finish 540 "$OUT"
+      bench/run_soak.sh start 540 PACK_DIR        # --seconds 600, the default
+      bench/run_soak.sh finish 540 PACK_DIR
 
 - in one call, a shorter soak: 540 s less the start-up leaves about 300 s of load, so
-  `bench/run_soak.sh start 540 "$OUT" --seconds 300` (330 fits only when the servers start in
+  `bench/run_soak.sh start 540 PACK_DIR --seconds 300` (330 fits only when the servers start in
   170 s; a soak still running at the pack is collected by `finish`).
 
-Each call leaves "$OUT"/soak.tar.xz: out/ (the result), logs/ (both server logs, on.jsonl and
+Each call leaves PACK_DIR/soak.tar.xz: out/ (the result), logs/ (both server logs, on.jsonl and
 rotated/), bench.log (this script's output).
 """
 from __future__ import annotations

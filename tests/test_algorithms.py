@@ -55,12 +55,9 @@ class Req:
                 return
 
 
-class Batch:
-    def __init__(self, reqs, kind="decode"):
-        self.reqs = list(reqs)
-        self.seq_lens = [20] * len(self.reqs)
-        self.seq_lens_cpu = None
-        self.forward_mode = Mode(kind)
+class Batch(test_plain.Batch):
+    MODE = Mode  # with the verify an NGRAM cycle runs
+    SEQ_LEN = 20
 
 
 class Result:

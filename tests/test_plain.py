@@ -39,11 +39,16 @@ class Req:
 
 
 class Batch:
+    """A batch as the worker's forward takes it: its requests, lengths and forward mode."""
+
+    MODE = Mode
+    SEQ_LEN = 1
+
     def __init__(self, reqs, kind="decode"):
         self.reqs = list(reqs)
-        self.seq_lens = [1] * len(self.reqs)
+        self.seq_lens = [self.SEQ_LEN] * len(self.reqs)
         self.seq_lens_cpu = None
-        self.forward_mode = Mode(kind)
+        self.forward_mode = self.MODE(kind)
 
 
 class Worker:
