@@ -232,12 +232,13 @@ def _attach(scheduler) -> None:
                 and _state["paused"] is None and not _state["warned"]):
             algorithm = getattr(_resolved(args), "speculative_algorithm", None)
             worker = getattr(scheduler, "model_worker", None) or scheduler.tp_worker
+            rank = getattr(scheduler, "tp_rank", 0) or 0
             if algorithm is None:
-                install(args, getattr(scheduler, "tp_rank", 0) or 0, "plain")
+                install(args, rank, "plain")
                 if P.enabled:
                     time_forwards(worker, lambda: P)
             elif str(algorithm).upper() == "NGRAM":  # no constructor hook: its cycle wrapped here (ngram.py)
-                install(args, getattr(scheduler, "tp_rank", 0) or 0, ngram.worker_kind(worker))
+                install(args, rank, ngram.worker_kind(worker))
                 if P.enabled:
                     ngram.time_cycles(worker, lambda: P)
         for p in (P, _state["paused"]):

@@ -24,6 +24,8 @@ itself, where the commit hooks every series has settle them, as for EAGLE v2.
 
 from __future__ import annotations
 
+from .plain import decoding, wrap
+
 MATCH = "ngram_match"
 PREP = "verify_prep"
 VERIFY = "verify"
@@ -39,26 +41,8 @@ def worker_kind(worker) -> str:
     return "v2" if hasattr(worker, "on_verify_complete_cpu") else "v1"
 
 
-def _decode(batch):
-    """True for a decode batch, False for a prefill, None for neither (passed through)."""
-    try:
-        mode = batch.forward_mode
-        if mode.is_decode():
-            return True
-        if mode.is_extend():
-            return False
-    except Exception:
-        pass
-    return None
-
-
 def _wrap(obj, name, make):
-    """Replace `obj.name` (the bound method) on the instance by `make(orig)`."""
-    orig = getattr(obj, name)
-    new = make(orig)
-    new.__wrapped__ = orig
-    new.specprof_ngram = True
-    setattr(obj, name, new)
+    wrap(obj, name, make, "specprof_ngram")
 
 
 def time_cycles(worker, profiler_of) -> bool:
@@ -73,7 +57,7 @@ def time_cycles(worker, profiler_of) -> bool:
     def forward(orig):
         def forward_batch_generation(batch, *args, **kwargs):
             p = profiler_of()
-            decode = _decode(batch) if p.enabled else None
+            decode = decoding(batch) if p.enabled else None
             if decode is None:
                 return orig(batch, *args, **kwargs)
             reqs = batch.reqs

@@ -30,41 +30,53 @@ class PlainProfiler(Profiler):
         Profiler.commit_begin(self, reqs)
 
 
-def _kind(batch):
-    """("decode" | "prefill", batch size, what `begin` reads the context from), or None for a
-    forward that is neither (idle under data parallel attention, a split prefill)."""
+def decoding(batch):
+    """True for a decode batch, False for a prefill, None for neither (idle under data parallel
+    attention, a split prefill: passed through untimed). Never raises."""
     try:
         mode = batch.forward_mode
         if mode.is_decode():
-            return "decode", len(batch.seq_lens), batch
+            return True
         if mode.is_extend():
-            return "prefill", len(batch.seq_lens), None
+            return False
     except Exception:
         pass
     return None
+
+
+def wrap(obj, name, make, marker):
+    """Replace `obj.name` (the bound method) on the instance by `make(orig)`, marked with the
+    attribute `marker` (how a second wrap of the same method is told)."""
+    orig = getattr(obj, name)
+    new = make(orig)
+    new.__wrapped__ = orig
+    setattr(new, marker, True)
+    setattr(obj, name, new)
 
 
 def time_forwards(worker, profiler_of) -> bool:
     """Wrap `worker.forward_batch_generation` (on the instance) so that each decode and prefill
     forward is a cycle of the profiler `profiler_of()` gives at the call (the hooks' `P`, which
     a pause or an internal error replaces). False where it was already wrapped."""
-    orig = worker.forward_batch_generation
-    if getattr(orig, "specprof_plain", False):
+    if getattr(worker.forward_batch_generation, "specprof_plain", False):
         return False
 
-    def forward_batch_generation(batch, *args, **kwargs):
-        p = profiler_of()
-        what = _kind(batch) if p.enabled else None
-        if what is None:
-            return orig(batch, *args, **kwargs)
-        kind, bs, ctx = what
-        p.begin(kind, bs, ctx)
-        out = orig(batch, *args, **kwargs)
-        p.mark(DECODE_PHASE if kind == "decode" else EXTEND_PHASE)
-        p.end()
-        return out
+    def make(orig):
+        def forward_batch_generation(batch, *args, **kwargs):
+            p = profiler_of()
+            decode = decoding(batch) if p.enabled else None
+            try:
+                bs = len(batch.seq_lens)
+            except Exception:  # never take the server down: an odd batch passes through untimed
+                decode = None
+            if decode is None:
+                return orig(batch, *args, **kwargs)
+            p.begin("decode" if decode else "prefill", bs, batch if decode else None)
+            out = orig(batch, *args, **kwargs)
+            p.mark(DECODE_PHASE if decode else EXTEND_PHASE)
+            p.end()
+            return out
+        return forward_batch_generation
 
-    forward_batch_generation.specprof_plain = True
-    forward_batch_generation.__wrapped__ = orig
-    worker.forward_batch_generation = forward_batch_generation
+    wrap(worker, "forward_batch_generation", make, "specprof_plain")
     return True

@@ -221,12 +221,19 @@ class Profiler(GraphHooks, AcceptHooks, NullProfiler):
                 raise RuntimeError("cuEventRecord failed (a cycle's first event)")
             s.host[0] = self.clock()
             if s.detail and ctx is not None:  # a tensor's sum costs microseconds: the cycles timed by phase only
-                s.ctx, s.kv = (ctx, None) if ctx.__class__ is int else batch_state(ctx)
+                s.ctx, s.kv = (ctx, None) if ctx.__class__ is int else batch_state(ctx)  # _batch_state, inline
                 if self.scheduler is not None:
                     s.waiting = waiting_requests(self.scheduler)
             self.cur = s
         except Exception as e:  # never take the server down
             self._fail(e)
+
+    def _batch_state(self, s, ctx):
+        """What a cycle timed by phase records of its batch at its start: the context tokens and
+        the KV pool's share (a number is taken as the context), and the scheduler's waiting queue."""
+        s.ctx, s.kv = (ctx, None) if ctx.__class__ is int else batch_state(ctx)
+        if self.scheduler is not None:
+            s.waiting = waiting_requests(self.scheduler)
 
     def _decide_next(self, count=True):
         """Whether the slot made ready is timed by phase, for the batch size it is ready for;
@@ -299,9 +306,7 @@ class Profiler(GraphHooks, AcceptHooks, NullProfiler):
                 s.switched, self._switch_next = True, False
             if kind != "decode" or self.detail_all:
                 if ctx is not None:
-                    s.ctx, s.kv = (ctx, None) if ctx.__class__ is int else batch_state(ctx)
-                    if self.scheduler is not None:
-                        s.waiting = waiting_requests(self.scheduler)
+                    self._batch_state(s, ctx)
             else:
                 seen = self._detail_seen
                 k = seen.get(bs, 0)
@@ -309,9 +314,7 @@ class Profiler(GraphHooks, AcceptHooks, NullProfiler):
                 if k % self.phases_every:
                     s.detail = False
                 elif ctx is not None:
-                    s.ctx, s.kv = (ctx, None) if ctx.__class__ is int else batch_state(ctx)
-                    if self.scheduler is not None:
-                        s.waiting = waiting_requests(self.scheduler)
+                    self._batch_state(s, ctx)
             self.cur = s
             b = self.backend
             self._sraw = b.refresh()  # the stream's handle (each cycle's `end` checks it)
