@@ -143,8 +143,9 @@ def policy_figures(st):
     return out
 
 
-def analyse(by_mode, statics):
-    """Per load: each mode's median tok/s, the best static, and paired ratios with intervals."""
+def analyse(by_mode, statics, capped=None):
+    """Per load: each mode's median tok/s, the best static, and paired ratios with intervals (with `capped`, the
+    static of that step count on the raised cap against the capped server)."""
     n = min((len(v) for v in by_mode.values() if v), default=0)
     if n == 0:
         return None
@@ -154,11 +155,11 @@ def analyse(by_mode, statics):
     res = {"rounds": n, "median_tok_s": {m: round(v, 1) for m, v in med.items()}, "best_static": int(best)}
     pairs = [("cost", best), ("cost", "ema"), ("cost", "ema-all"), ("cost", "cfg"), ("cfg", "ema"),
              ("ema", best), (best, "plain"), ("0", "plain"), ("cost", "plain"), ("cost", "up"), ("ema", "up"),
-             ("cfg", "up"), ("up", best), ("up", "plain")]
+             ("cfg", "up"), ("up", best), ("up", "plain")] + ([(str(capped), "capped")] if capped is not None else [])
     for a, b in pairs:
         if a in med and b in med and len(by_mode[a]) >= n and len(by_mode[b]) >= n:
             r = [x / y for x, y in zip(by_mode[a][:n], by_mode[b][:n])]
-            key = f"{a if a != best else 'best_static'}_vs_{b if b != best else 'best_static'}"
+            key = f"{a if a != best or b == 'capped' else 'best_static'}_vs_{b if b != best else 'best_static'}"
             res[key] = {"median": round(statistics.median(r), 4), "ci95": [round(x, 4) for x in median_ci(r)]}
     return res
 
@@ -196,8 +197,9 @@ def main():
                          "gives the zero-step tax by part; its committed tokens are checked against its clients'")
     ap.add_argument("--capped-server", type=int, default=None, metavar="STEPS",
                     help="one more server at STEPS static steps with the release's default running-request cap "
-                         "and the profile (logs/profile-capped.jsonl), loaded at the --alternate concurrency "
-                         "after the rounds: its report names the cap and the requests waiting for a slot")
+                         "and the profile (logs/profile-capped.jsonl), in every round (against the static STEPS "
+                         "on the raised cap: `STEPS_vs_capped`) and at the --alternate concurrency after them: "
+                         "its report names the cap and the requests waiting for a slot")
     ap.add_argument("--upstream-server", action="store_true",
                     help="a third server: upstream's adaptive speculation with its default config and step-0 path")
     round_args(ap)
@@ -236,7 +238,8 @@ def main():
     print(f"{len(servers)} servers ready in {time.time() - t0:.0f} s "
           f"({', '.join(f'{n} {s.ready_s} s' for n, s in servers.items())})", flush=True)
     statics = [str(s) for s in (a.statics if a.statics is not None else range(0, a.launch_steps + 1))]
-    others = ([] if a.no_plain else ["plain"]) + (["up"] if a.upstream_server else [])
+    others = ([] if a.no_plain else ["plain"]) + (["up"] if a.upstream_server else []) + (
+        ["capped"] if a.capped_server is not None else [])
     modes = statics + list(a.policies) + others
     loads = [f"c{c}" for c in a.concurrency] + ([f"alt{a.alternate}"] if a.alternate else [])
     runs = {ld: {m: [] for m in modes} for ld in loads}
@@ -336,8 +339,7 @@ def main():
         if "capped" in servers:
             exact["capped"] = capped_run(servers["capped"].port, a, capped_profile)
         _write(result_path, a, runs, checks, statics, client_decode, exact, servers, step0)
-        print(json.dumps({ld: {k: v for k, v in (analyse(runs[ld], statics) or {}).items()} for ld in loads},
-                         indent=1))
+        print(json.dumps({ld: analyse(runs[ld], statics, a.capped_server) or {} for ld in loads}, indent=1))
         print(json.dumps({k: v for k, v in exact.items() if k != "policy"}))
     finally:
         stop_all(servers)
@@ -348,7 +350,7 @@ def _write(path, a, runs, checks, statics, client_decode, exact, servers, step0)
            "max_running_requests": a.max_running, "graph_bs": a.graph_bs,
            "new_tokens": {str(c): new_tokens(c, a.tokens_scale) for c in a.concurrency},
            "ready_s": {n: s.ready_s for n, s in servers.items()},
-           "runs": runs, "analysis": {ld: analyse(v, statics) for ld, v in runs.items()}, "checks": checks,
+           "runs": runs, "analysis": {ld: analyse(v, statics, a.capped_server) for ld, v in runs.items()}, "checks": checks,
            "exact": exact, "step0_vs_plain": step0, "command": portable_command("bench/closed_loop.py", sys.argv[1:]), "machine": machine(),
            "date": datetime.date.today().isoformat()}
     with open(path, "w") as f:

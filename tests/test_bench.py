@@ -387,3 +387,17 @@ def test_closed_loop_compares_answers_up_to_each_requests_first_difference(monke
                                               "tokens": 9}
     assert closed_loop.same_answers([[1, 2, 3]], [[1, 2]]) == {"requests": 1, "identical": 0,
                                                               "tokens_before_first_difference": 2, "tokens": 3}
+
+
+def test_closed_loop_pairs_the_static_on_the_raised_cap_with_the_capped_server(monkeypatch):
+    """With --capped-server 3, each load's analysis holds `3_vs_capped` (the same step count on the raised cap
+    against the server at the default cap), round by round, even where 3 is the best static."""
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    import closed_loop
+
+    runs = {"0": [10.0, 11.0, 12.0], "3": [20.0, 22.0, 24.0], "capped": [10.0, 11.0, 8.0], "cost": [19.0, 21.0, 25.0]}
+    res = closed_loop.analyse(runs, ["0", "3"], capped=3)
+    assert res["best_static"] == 3
+    assert res["3_vs_capped"]["median"] == 2.0
+    assert res["cost_vs_best_static"]["median"] == round(21 / 22, 4)
+    assert "3_vs_capped" not in closed_loop.analyse(runs, ["0", "3"])
