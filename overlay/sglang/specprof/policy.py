@@ -34,266 +34,29 @@ Decisions run every UPDATE_CYCLES of a tier's decode cycles on the scheduler's t
 sort of each candidate's 64 periods that changed, and some arithmetic); the figures are
 folded on the reader thread.
 
-For benchmarks, with `SGLANG_SPECPROF_POLICY_FILE` set, each read of /server_info (on the
-scheduler's thread, between batches) takes the mode from that file when it changed: `cost`,
-`ema` (upstream's rule) or a step count to pin every tier to; the answer's
-`speculative_profile.adaptive_policy` says which is in force. So one server runs the static
-settings, upstream's policy and this one round by round.
+The per-tier figures (`Period`, `Acceptance`, `Tier`) are in policy_tiers.py; the modes
+benchmarks switch to (upstream's rule, a pinned step count) and the mode file that switches
+them, `SGLANG_SPECPROF_POLICY_FILE`, in policy_mode.py.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import os
-import stat
-from collections import deque
 
-from sglang_specprof.table import printable
+from .policy_mode import POLICY_FILE_ENV, Modes, follow_file  # noqa: F401  (hooks.py imports the other two from here)
+from .policy_tiers import MIN_CYCLES, UPDATE_CYCLES, Acceptance, Period, Tier
 
 logger = logging.getLogger("sglang.specprof")
 
-UPDATE_CYCLES = 16  # a tier's decode cycles between two decisions
-MIN_CYCLES = 16  # cycles a period needs to count as measured: a probe runs that long
-STALE_CYCLES = 1000  # a tier's cycles after which a candidate's period is stale (explored again)
-STALE_REQUESTS = 4000  # ... or its requests, whichever is longer
 EXPLORE_MARGIN = 0.08  # explore a neighbour predicted within 8% of the current figure
 HYSTERESIS = 0.02  # a measured rival takes over when 2% faster
-DECAY = 0.98  # weight each acceptance list leaves to the ones before (about the last 50)
-RING = 64  # cycle periods kept per candidate
-TRIM = 0.1  # share of them left out at each end (stalls; a switch's first cycle is left out anyway)
 PROBE_REQUESTS = 32  # a probe runs until this many requests ran at its step count (MIN_CYCLES at least)
 UPPER_Z = 2.0  # a neighbour is probed while its acceptance 2 standard errors up would beat the current figure
 COOLDOWN = 25  # ... at most once in 25 probes' time
-SHARED_UNTIL = 32  # requests (decayed: about 50 a request of batch at most) a tier's own first position needs before its acceptance replaces the pooled one
-POLICY_FILE_ENV = "SGLANG_SPECPROF_POLICY_FILE"
-SLOT_SETTINGS = ("ema_alpha", "update_interval", "warmup_batches", "down_hysteresis", "up_hysteresis",
-                 "ceiling_coeff")  # upstream's per-tier settings, kept where `ema-all` changes the candidates
 
 
-class Period:
-    """A candidate's GPU period per cycle in one tier, over its last RING cycles: the mean of
-    the middle of them (the longest and shortest TRIM left out: a stall, a kernel compiled
-    for a new shape, is not the setting's cost). The sums over the ring of the batch size,
-    the period and their products are kept as cycles come and go (the batch-size fit)."""
-
-    __slots__ = ("ms", "bs", "step_ms", "seen_at", "cycles", "_mean", "sums")
-
-    def __init__(self):
-        self.ms: deque = deque(maxlen=RING)
-        self.bs: deque = deque(maxlen=RING)
-        self.step_ms: deque = deque(maxlen=RING)  # the draft model's step time, where its events were read
-        self.seen_at = -1  # the tier's cycle count when it last ran
-        self.cycles = 0  # cycles since it was (re)started
-        self._mean = None
-        self.sums = [0.0, 0.0, 0.0, 0.0]  # over the ring: bs, ms, bs * bs, bs * ms
-
-    def add(self, ms, bs, step_ms):
-        s = self.sums
-        if len(self.ms) == RING:  # the oldest leaves the ring
-            b0, m0 = self.bs[0], self.ms[0]
-            s[0] -= b0
-            s[1] -= m0
-            s[2] -= b0 * b0
-            s[3] -= b0 * m0
-        self.ms.append(ms)
-        self.bs.append(bs)
-        s[0] += bs
-        s[1] += ms
-        s[2] += bs * bs
-        s[3] += bs * ms
-        if step_ms:
-            self.step_ms.append(step_ms)
-        self.cycles += 1
-        self._mean = None
-        if self.cycles % RING == 0:  # afresh now and then: no rounding piles up
-            self.sums = [sum(self.bs), sum(self.ms), sum(b * b for b in self.bs),
-                         sum(b * m for b, m in zip(self.bs, self.ms))]
-
-    def measured(self) -> bool:
-        return self.cycles >= MIN_CYCLES
-
-    def mean(self, at_bs=None, slope=0.0):
-        """The trimmed mean; with `at_bs`, moved to that batch size from the ring's mean batch
-        size by `slope` ms a request (Tier.batch_slope)."""
-        if self._mean is None:
-            xs = sorted(self.ms)
-            k = int(len(xs) * TRIM)
-            mid = xs[k:len(xs) - k] or xs
-            self._mean = sum(mid) / len(mid)
-        if at_bs is not None and slope:
-            return self._mean + slope * (at_bs - self.mean_bs())
-        return self._mean
-
-    def mean_bs(self):
-        return self.sums[0] / len(self.bs) if self.bs else 0.0
-
-    def mean_step(self):
-        return sum(self.step_ms) / len(self.step_ms) if self.step_ms else None
-
-
-class Acceptance:
-    """Per-position acceptance of one tier, pooled over the step counts it ran at: at position
-    p, the requests that reached it (p - 1 drafts right, run at p steps or more) and those that
-    got it right too; each list decays what came before it by DECAY at the positions it saw."""
-
-    def __init__(self):
-        self.reached: list[float] = []  # index p - 1
-        self.passed: list[float] = []
-
-    def add(self, correct, steps):
-        if steps <= 0:
-            return
-        r, ps = self.reached, self.passed
-        while len(r) < steps:
-            r.append(0.0)
-            ps.append(0.0)
-        for i in range(steps):  # positions past `steps` keep what the last runs there said
-            r[i] *= DECAY
-            ps[i] *= DECAY
-        counts = [0] * (steps + 1)  # requests by correct drafts
-        for c in correct:
-            counts[min(max(int(c), 0), steps)] += 1
-        at = len(correct)  # requests that reached position p
-        for p in range(1, steps + 1):
-            r[p - 1] += at
-            at -= counts[p - 1]
-            ps[p - 1] += at
-
-    def rates(self) -> list[float]:
-        return [ps / r if r > 0 else 0.0 for ps, r in zip(self.passed, self.reached)]
-
-    def tokens(self, steps: int, z: float = 0.0) -> float | None:
-        """Tokens a request commits per cycle at `steps`: 1 + sum over p of a_1 ... a_p; past the
-        positions measured, the last one is held (the optimistic side; a probe measures it).
-        With `z`, each a_p is taken z standard errors higher (at most 1): how much a position
-        seen by few requests might still give."""
-        if steps <= 0:
-            return 1.0
-        a = self.rates()
-        if not a:
-            return None
-        if z:
-            a = [min(1.0, x + z * math.sqrt(max(x * (1.0 - x), 0.05) / r)) if r > 0 else 1.0
-                 for x, r in zip(a, self.reached)]
-        e, run = 1.0, 1.0
-        for p in range(steps):
-            run *= a[p] if p < len(a) else a[-1]
-            e += run
-        return e
-
-
-class Tier:
-    """One of upstream's batch-size tiers: its candidates, the step count it runs, its figures."""
-
-    def __init__(self, key, candidates, steps, shared=None):
-        self.key = key
-        self.candidates = candidates  # sorted, and holding `steps`
-        self.steps = steps
-        self.periods = {c: Period() for c in self.candidates}
-        self.accept = Acceptance()
-        self.shared = shared  # every tier's acceptance pooled: for a tier that has measured too little of its own
-        self.cycles = 0  # decode cycles of this tier (the scheduler's count)
-        self.next_decision = UPDATE_CYCLES
-        self.probing = None  # the candidate being measured, while a probe runs
-        self.seen_steps = None  # the step count of the last cycle read (the reader thread)
-        self.probed_at: dict = {}  # candidate -> this tier's cycle count when its last probe began
-        self.last = {}  # the figures of the last decision, for /server_info and the profile
-
-    def fresh(self, c) -> bool:
-        """Measured, and lately: within STALE_CYCLES of this tier's cycles, or STALE_REQUESTS of
-        its requests where batches are small (a probe there takes more cycles)."""
-        f = self.periods[c]
-        if not f.measured():
-            return False
-        stale = max(STALE_CYCLES, STALE_REQUESTS / max(f.mean_bs(), 1.0))
-        return self.cycles - f.seen_at <= stale
-
-    def batch_slope(self) -> float:
-        """GPU ms a cycle grows by per request of batch, within this tier: the covariance of each
-        candidate's periods with its batch sizes about its own means, pooled (so the step counts'
-        own costs do not enter), at least 0 and at most the period in proportion to the batch."""
-        sxx = sxy = 0.0
-        most = None
-        for f in self.periods.values():
-            n = len(f.ms)
-            if n < MIN_CYCLES:
-                continue
-            sb, sm, sbb, sbm = f.sums
-            sxx += sbb - sb * sb / n
-            sxy += sbm - sb * sm / n
-            if sb > 0:
-                most = sm / sb if most is None else min(most, sm / sb)
-        if sxx <= 1e-9 or most is None:
-            return 0.0
-        return min(max(sxy / sxx, 0.0), most)
-
-    def at_batch(self):
-        """Where candidates are compared: (batch size, slope): the batch the tier runs now (the
-        mean over the current step count's periods) and Tier.batch_slope. A candidate measured
-        while the batches were smaller (the tail of a load) would otherwise look faster."""
-        return self.periods[self.steps].mean_bs() or None, self.batch_slope()
-
-    def period(self, c, at=(None, 0.0)):
-        """(GPU ms per cycle at `c`, "measured" or "predicted"), or (None, "unknown"); `at`:
-        (batch size, slope) to compare at (at_batch).
-
-        0 steps is another path (no draft, no tree, a verify of one token a request, which runs
-        the decode kernel: zero_step.py): it is never predicted from the step counts that
-        draft, nor they from it; a stale figure of its own is its prediction, and one never
-        measured is unknown (`decide` probes it once)."""
-        if self.fresh(c):
-            return self.periods[c].mean(*at), "measured"
-        own = self.periods[c]
-        drafting = [k for k in self.candidates if k > 0 and self.fresh(k)]
-        ref = self.steps if self.steps > 0 else min(drafting, key=lambda k: abs(k - c), default=None)
-        if c == 0 or ref is None:
-            return (own.mean(*at), "predicted") if own.measured() else (None, "unknown")
-        cur = self.periods[ref]
-        if not cur.measured():
-            return None, "unknown"
-        pts = [(k, self.periods[k].mean(*at)) for k in drafting]
-        slope = 0.0
-        if len(pts) >= 2:
-            n = len(pts)
-            mx = sum(k for k, _ in pts) / n
-            my = sum(t for _, t in pts) / n
-            sxx = sum((k - mx) ** 2 for k, _ in pts)
-            slope = max(sum((k - mx) * (t - my) for k, t in pts) / sxx if sxx > 0 else 0.0, 0.0)
-        step = cur.mean_step()
-        if step is not None and step > slope:
-            slope = step
-        # at most the whole cycle in proportion to its tokens (steps + 1): a noisy line through
-        # close points must not predict a cycle for nothing
-        t = cur.mean(*at)
-        slope = min(slope, t / (ref + 1))
-        return t + slope * (c - ref), "predicted"
-
-    def settled(self) -> bool:
-        """It decided with a figure for the step count it runs."""
-        fig = self.last.get(self.steps)
-        return fig is not None and fig[0] is not None
-
-    def acceptance(self) -> Acceptance:
-        """This tier's acceptance once SHARED_UNTIL requests reached its first position, else every
-        tier's pooled (a tier that has run only at 0 steps, or just began, measured none): what a
-        request accepts depends on the request, not on how many ran beside it."""
-        own = self.accept
-        if self.shared is None or (own.reached and own.reached[0] >= SHARED_UNTIL):
-            return own
-        return self.shared
-
-    def rate(self, c, z=0.0, at=(None, 0.0)):
-        """(tokens a request gets per GPU ms at `c`, how its period is known); with `z`, the
-        acceptance at its upper bound (`Acceptance.tokens`); `at`: see `period`."""
-        t, how = self.period(c, at)
-        e = self.acceptance().tokens(c, z)
-        if t is None or e is None:
-            return None, "unknown"
-        return e / t, how
-
-
-class CostPolicy:
+class CostPolicy(Modes):
     """Stands where upstream's AdaptiveSpeculativeParams stood; keeps it for `ema` mode and
     for what the controller reads of it (candidate steps, graph batch sizes).
 
@@ -321,10 +84,7 @@ class CostPolicy:
         self._by_slot = {id(slots[bs]): self.tiers[bs] for bs in self.bs_list}
         self.pinned = None
         self.switches = 0
-        self.mode_file = None  # benchmarks: where `reread` takes the mode from (follow_file)
-        self._mode_text = None  # the bytes last read from mode_file
-        self._file_problems: set = set()  # what was wrong with mode_file, each warned once
-        self._rules = {}  # benchmarks: the upstream rules built for `ema-all` and `ema:PATH`
+        super().__init__()  # the mode file and the rules of the `ema` modes (Modes)
 
     # -- what the controller calls (upstream's interface) --------------------------------------
     @property
@@ -498,122 +258,3 @@ class CostPolicy:
         except Exception as e:  # read by /server_info: never raises
             tiers = {"error": f"{type(e).__name__}: {e}"}
         return {"mode": mode, "switches": self.switches, "tiers": tiers}
-
-    def reread(self) -> None:
-        """The mode from `mode_file` (its first word), when the file changed since the last read.
-        Never raises nor blocks (it runs on the scheduler's thread): a file that is not a
-        regular one, or not UTF-8, is refused with one warning per distinct problem."""
-        if self.mode_file is None:
-            return
-        data = self._read_mode_file()
-        if data is None or data == self._mode_text:
-            return
-        self._mode_text = data
-        try:
-            words = data.decode("utf-8").split()
-        except UnicodeDecodeError:
-            self._file_problem("is not UTF-8 text")
-            return
-        self._file_problems.clear()  # read: a problem seen again is told again
-        try:
-            self.set_mode(words[0] if words else "")
-            logger.info("speculative adaptive policy: %s", printable(self.state()["mode"]))
-        except ValueError as e:
-            logger.warning("speculative adaptive policy: mode unchanged (%s)", printable(str(e)))
-
-    def _read_mode_file(self):
-        """The first 256 bytes of `mode_file`, or None (not there yet, or refused)."""
-        try:
-            fd = os.open(self.mode_file, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO must not block
-        except FileNotFoundError:
-            return None  # not written yet
-        except OSError as e:
-            self._file_problem(f"cannot be read ({e.strerror or e})")
-            return None
-        try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                self._file_problem("is not a regular file")
-                return None
-            return os.read(fd, 256)
-        except OSError as e:
-            self._file_problem(f"cannot be read ({e.strerror or e})")
-            return None
-        finally:
-            os.close(fd)
-
-    def _file_problem(self, what: str) -> None:
-        """One warning per distinct problem with `mode_file` (each /server_info reads it)."""
-        if what not in self._file_problems:
-            self._file_problems.add(what)
-            logger.warning("speculative adaptive policy: mode unchanged (%s=%s %s).", POLICY_FILE_ENV,
-                           printable(self.mode_file), what)
-
-    def set_mode(self, text: str) -> None:
-        """`cost`; `ema` (upstream's rule on its own tiers); `ema-all` (upstream's rule over this
-        policy's candidates); `ema:PATH` (upstream's rule with the config file PATH, e.g. one
-        `report --adaptive-config` wrote); or a step count to pin every tier to (benchmarks)."""
-        text = text.strip()
-        if text == "cost":
-            self.mode, self.pinned = "cost", None
-        elif text == "ema" or text == "ema-all" or text.startswith("ema:"):
-            rule = self.up if text == "ema" else self._rule(text)
-            self.mode, self.pinned, self.rule = "ema", None, rule
-        elif text.isdigit() and int(text) in self.candidate_steps:
-            self.pinned = int(text)
-        else:
-            raise ValueError(f"not a mode: {text!r} (cost, ema, ema-all, ema:CONFIG, or one of the candidate "
-                             f"steps {self.candidate_steps})")
-
-    def mode_name(self) -> str:
-        if self.pinned is not None:
-            return f"pinned {self.pinned}"
-        if self.mode == "ema" and self.rule is not self.up:
-            return next((k for k, r in self._rules.items() if r is self.rule), "ema")
-        return self.mode
-
-    def _rule(self, text):
-        """Upstream's own chooser, made afresh from a config: this policy's candidates per tier
-        (`ema-all`, upstream's other settings of each tier kept) or the file after `ema:`. Its
-        step counts must be ones this server has graphs for."""
-        if text in self._rules:
-            return self._rules[text]
-        import json
-        import tempfile
-
-        path = text[4:] if text.startswith("ema:") else None
-        initial = self.launch_steps if self.launch_steps is not None else self.tiers[self.bs_list[0]].steps
-        try:
-            if path is None:
-                cfg = {}
-                for bs, slot in self.up._slots.items():
-                    cfg[str(bs)] = {k: getattr(slot, k) for k in SLOT_SETTINGS if hasattr(slot, k)}
-                    cfg[str(bs)]["candidate_steps"] = list(self.tiers[bs].candidates)
-                with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
-                    json.dump(cfg, f)
-                try:
-                    rule = type(self.up)(initial_steps=initial, cfg_path=f.name)
-                finally:
-                    os.remove(f.name)
-            else:
-                rule = type(self.up)(initial_steps=initial, cfg_path=path)
-        except (OSError, ValueError, TypeError, KeyError, AttributeError) as e:
-            raise ValueError(f"{text}: {type(e).__name__}: {e}") from None
-        missing = sorted(set(rule.candidate_steps) - set(self.candidate_steps))
-        if missing:
-            raise ValueError(f"{text}: step counts {missing} are not among this server's {self.candidate_steps}")
-        graphs = self.up._cuda_graph_bs
-        rule.set_cuda_graph_bs(graphs)
-        for v in graphs or ():  # each captured batch size: a graph for every step count its tier may run
-            lacking = [c for c in rule._route(v).candidate_steps if v not in (self.cuda_graph_bs_for_step(c) or ())]
-            if lacking:
-                raise ValueError(f"{text}: this server has no graphs at batch size {v} for step counts {lacking}")
-        self._rules[text] = rule
-        return rule
-
-
-def follow_file(policy: CostPolicy) -> None:
-    """SGLANG_SPECPROF_POLICY_FILE=PATH: `reread` (each /server_info) takes the mode from PATH."""
-    path = os.environ.get(POLICY_FILE_ENV)
-    if path:
-        policy.mode_file = path
-        logger.info("speculative adaptive policy: each /server_info reads its mode from %s", printable(path))
