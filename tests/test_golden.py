@@ -45,7 +45,9 @@ PAIRS = (("tests/data/exact/0.5.16-a/profile-s1k1.jsonl.xz", "tests/data/exact/0
          ("tests/data/kernels/0.5.16-exact/profile-s3k1.jsonl.xz",
           "tests/data/kernels/0.5.16-exact/profile-s3k4.jsonl.xz"),
          ("bench/results/profiles/advisor-0.5.12-acc2.5-steps5.jsonl.xz",
-          "bench/results/profiles/advisor-0.5.12-acc4.0-steps5.jsonl.xz"))
+          "bench/results/profiles/advisor-0.5.12-acc4.0-steps5.jsonl.xz"),
+         ("tests/data/zero-step/0.5.16-h100/profile-spec.jsonl.xz",
+          "tests/data/zero-step/0.5.16-h100/profile-plain.jsonl.xz"))
 
 
 def cases() -> dict:

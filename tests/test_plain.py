@@ -8,6 +8,7 @@ waiting for a running slot from then on.
 """
 import sys
 import types
+from pathlib import Path
 
 import pytest
 
@@ -17,6 +18,8 @@ from sglang.specprof import hooks
 from sglang.specprof.plain import PlainProfiler, time_forwards
 from sglang.specprof.profiler import Profiler
 from sglang_specprof import compare, report
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 class Mode:
@@ -258,3 +261,27 @@ def test_compare_puts_the_zero_step_tax_beside_a_plain_server():
     assert "bs 5-8@0: 5.000 against 4.400 (+13.6%): draft extend 0.500, verify 4.400, the rest 0.100" in text
     # two speculative profiles: no tax
     assert "zero_step_tax" not in compare.compare(spec, spec)
+
+
+def test_recorded_zero_step_tax_is_the_draft_extend():
+    """The closed loop's profiles on the GPU (0.5.16, 8B-shaped pair, 2026-12-05): the speculative
+    server run at 0 steps against a profiled server without speculation, each bucket the two share.
+    The verify at 0 steps runs the plain decode forward (within 3%), so the tax is the draft extend
+    the step-0 cycle keeps running: above 10% of a plain forward at every batch size, and no
+    more than 0.1 ms a cycle besides it."""
+    from sglang_specprof import schema
+
+    data = ROOT / "tests" / "data" / "zero-step" / "0.5.16-h100"
+    spec, _ = schema.read(str(data / "profile-spec.jsonl.xz"))
+    plain, _ = schema.read(str(data / "profile-plain.jsonl.xz"))
+    res = compare.compare(spec, plain)
+    taxes = res["zero_step_tax"]
+    assert {"1@0", "17-32@0", "65-128@0"} <= set(taxes)
+    for key, tax in taxes.items():
+        parts = tax["parts_gpu_ms"]
+        assert abs(tax["verify_over_plain"]) <= 0.03, key
+        assert tax["tax"] > 0.10, key
+        assert parts["the rest"] < 0.1, key
+        extend = parts["draft extend"]
+        assert extend / (tax["step0_gpu_ms"] - tax["plain_gpu_ms"]) > 0.8, key
+        assert extend / tax["plain_gpu_ms"] > 0.10, key
