@@ -244,6 +244,7 @@ def main():
     loads = [f"c{c}" for c in a.concurrency] + ([f"alt{a.alternate}"] if a.alternate else [])
     runs = {ld: {m: [] for m in modes} for ld in loads}
     checks = {ld: [] for ld in loads}  # per cost run: clients' tok/s, the profile's, the policy's figures
+    decode = {ld: {m: [] for m in modes if m not in others} for ld in loads}  # the profile's decode rate a run
     spec = servers["spec"]
     mode = Mode(spec.port, mode_path)
     cfg_path = os.path.join(a.logs, "adaptive-config.json")
@@ -315,6 +316,8 @@ def main():
                         client_decode += tok - reqs  # the first token of each is its prefill's
                         st = mode.state()
                         tok1, ms1 = st["totals"]["committed_tokens"], st["totals"]["decode_gpu_ms"]
+                        if r >= 0 and ms1 > ms0:
+                            decode[ld][m].append(round((tok1 - tok0) / (ms1 - ms0) * 1000.0, 1))
                         if m == "cost" and r >= 0:
                             checks[ld].append({"clients_tok_s": got[m], "clients_decode_tokens": tok - reqs,
                                                "profile_tokens": tok1 - tok0,
@@ -326,7 +329,7 @@ def main():
                         runs[ld][m].append(v)
                 print(f"{ld} {'round' if r >= 0 else 'warm-up'} {r}: " + " ".join(f"{m} {got[m]:.0f}" for m in modes
                                                                                    if m in got), flush=True)
-            _write(result_path, a, runs, checks, statics, client_decode, None, servers, step0)
+            _write(result_path, a, runs, checks, statics, client_decode, None, servers, step0, decode)
         time.sleep(3.5)
         mode.set("cost")
         st = mode.state()
@@ -338,19 +341,19 @@ def main():
             exact["plain"] = plain_check
         if "capped" in servers:
             exact["capped"] = capped_run(servers["capped"].port, a, capped_profile)
-        _write(result_path, a, runs, checks, statics, client_decode, exact, servers, step0)
+        _write(result_path, a, runs, checks, statics, client_decode, exact, servers, step0, decode)
         print(json.dumps({ld: analyse(runs[ld], statics, a.capped_server) or {} for ld in loads}, indent=1))
         print(json.dumps({k: v for k, v in exact.items() if k != "policy"}))
     finally:
         stop_all(servers)
 
 
-def _write(path, a, runs, checks, statics, client_decode, exact, servers, step0):
+def _write(path, a, runs, checks, statics, client_decode, exact, servers, step0, decode=None):
     res = {"benchmark": "closed-loop", "sglang": installed_sglang(), "mean": a.mean, "launch_steps": a.launch_steps,
            "max_running_requests": a.max_running, "graph_bs": a.graph_bs,
            "new_tokens": {str(c): new_tokens(c, a.tokens_scale) for c in a.concurrency},
            "ready_s": {n: s.ready_s for n, s in servers.items()},
-           "runs": runs, "analysis": {ld: analyse(v, statics, a.capped_server) for ld, v in runs.items()}, "checks": checks,
+           "runs": runs, "profile_decode_tok_s": decode or {}, "analysis": {ld: analyse(v, statics, a.capped_server) for ld, v in runs.items()}, "checks": checks,
            "exact": exact, "step0_vs_plain": step0, "command": portable_command("bench/closed_loop.py", sys.argv[1:]), "machine": machine(),
            "date": datetime.date.today().isoformat()}
     with open(path, "w") as f:

@@ -1,0 +1,200 @@
+#!/usr/bin/env python3
+"""The advisor against an interleaved sweep of static step counts, one server per acceptance mean.
+
+For each --means value, `bench/closed_loop.py` runs one speculative server (multinomial
+acceptance of that mean, launched with --speculative-adaptive so that every step count's graphs
+are captured) with the static step counts set round by round through the policy's mode file,
+each load in every round, the order rotating: the sweep, by the clients' tokens/s and by the
+profile's decode rate of each run.
+
+The prediction: the same server's profile cut to what a server run at K steps alone would have
+written (each window's buckets at K steps, the configuration of a static K-step server), read by
+the advisor, for each K in --profiled. For each load's batch-size bucket, each step count's
+tokens/s relative to K, against the sweep's medians relative to K; the pick (`recommend`)
+against the sweep's best; the recommendation's low end against what the sweep measured.
+
+    python bench/advisor_sweep.py --means 2 3 4 --seconds-per-mean 420 -- \\
+        --statics 1 2 3 4 5 6 --policies --no-plain --alternate 0 --concurrency 1 16 48 \\
+        --max-running 48 --tokens-scale 2 --rounds 10
+    python bench/advisor_sweep.py --analyse OUT        # again, from the recorded runs (no GPU)
+
+Needs an NVIDIA GPU for the runs; the analysis runs anywhere. Writes OUT/advisor-sweep.json.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import glob
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "overlay"))
+TOLERANCE = 0.05  # each prediction relative to the profiled step count, against the sweep's
+
+
+def as_static(windows: list[dict], k: int) -> list[dict]:
+    """The windows a server run at `k` steps alone would have written: each window's buckets
+    run at k steps (under their batch-size keys), the configuration of a static k-step server.
+    Windows with no bucket at k are left out."""
+    out = []
+    for w in windows:
+        buckets = {key.partition("@")[0]: dict(b) for key, b in (w.get("buckets") or {}).items()
+                   if key.endswith(f"@{k}")}
+        if not buckets:
+            continue
+        for b in buckets.values():
+            b.pop("steps", None)
+        v = copy.copy(w)
+        v["buckets"] = buckets
+        v["config"] = dict(w.get("config") or {}, num_steps=k, num_draft_tokens=k + 1, topk=1, adaptive=False)
+        v.pop("adaptive", None)
+        out.append(v)
+    return out
+
+
+def noise(runs: dict[str, list[float]]) -> float:
+    """The run-to-run spread: the median, over the settings, of each one's interquartile range
+    over its median."""
+    spreads = []
+    for xs in runs.values():
+        if len(xs) >= 4:
+            q = statistics.quantiles(xs, n=4)
+            spreads.append((q[2] - q[0]) / statistics.median(xs))
+    return statistics.median(spreads) if spreads else 0.0
+
+
+def judge(advice: dict, measured: dict[int, float], spread: float, k: int) -> dict:
+    """One bucket's advice (profiled at k) against the sweep's medians by step count."""
+    pred = {r["steps"]: r for r in advice["rows"]}
+    errors = {}
+    for s, m in sorted(measured.items()):
+        if s in pred and k in measured and pred[k]["tokens_per_s"]:
+            got = pred[s]["tokens_per_s"] / pred[k]["tokens_per_s"]
+            want = m / measured[k]
+            errors[s] = round(got / want - 1, 4)
+    best = max(measured, key=measured.get)
+    rec = advice["recommend"]
+    pick_ok = rec in measured and measured[rec] >= measured[best] * (1 - spread)
+    low_holds = True
+    if rec != k and rec in pred and rec in measured:
+        claimed = pred[rec]["low"] / pred[k]["tokens_per_s"]
+        low_holds = measured[rec] / measured[k] >= claimed * (1 - spread)
+    return {"profiled": k, "errors": errors,
+            "largest_error": max((abs(e) for s, e in errors.items() if s != k), default=None),
+            "recommend": rec, "best_measured": best, "pick_within_noise": pick_ok,
+            "recommendation_low_end_holds": low_holds, "profile_next": advice.get("profile_next"),
+            "noise": round(spread, 4)}
+
+
+def analyse_mean(result: dict, windows: list[dict], profiled: list[int]) -> dict:
+    from sglang_specprof import report
+    from sglang_specprof.window import bucket_of
+
+    out = {}
+    for by in ("clients", "profile"):
+        table = result["runs"] if by == "clients" else result.get("profile_decode_tok_s") or {}
+        for ld, runs in table.items():
+            if not ld.startswith("c"):
+                continue
+            statics = {int(m): xs for m, xs in runs.items() if m.isdigit() and xs}
+            if not statics:
+                continue
+            med = {s: statistics.median(xs) for s, xs in statics.items()}
+            spread = noise({str(s): xs for s, xs in statics.items()})
+            bucket = bucket_of(int(ld[1:]))
+            for k in profiled:
+                if k not in med:
+                    continue
+                summary = report.summarize(as_static(windows, k))
+                adv = report.advise(summary).get(bucket)
+                key = f"{ld} profiled at {k}"
+                row = out.setdefault(key, {"bucket": bucket, "medians": {}, "judged": {}})
+                row["medians"][by] = {str(s): round(v, 1) for s, v in sorted(med.items())}
+                if adv is None:
+                    row["judged"][by] = None
+                    continue
+                row["predicted"] = {str(r["steps"]): [r["tokens_per_s"], r["low"], r["high"]] for r in adv["rows"]}
+                row["judged"][by] = judge(adv, med, spread, k)
+    return out
+
+
+def analyse(out_dir: str, profiled: list[int]) -> dict:
+    from sglang_specprof import schema
+
+    res = {"benchmark": "advisor-sweep", "means": {}}
+    for d in sorted(glob.glob(os.path.join(out_dir, "mean-*"))):
+        found = glob.glob(os.path.join(d, "closed-loop-*.json"))
+        prof = [p for p in (os.path.join(d, "logs", "profile.jsonl"), os.path.join(d, "logs", "profile.jsonl.xz"))
+                if os.path.exists(p)]
+        if not found or not prof:
+            continue
+        result = json.load(open(found[0]))
+        windows, _ = schema.read(prof[0])
+        res["means"][str(result["mean"])] = {"command": result.get("command"), "machine": result.get("machine"),
+                                             "date": result.get("date"), "sglang": result.get("sglang"),
+                                             "rounds": min((len(v) for r in result["runs"].values() for v in r.values()),
+                                                           default=0),
+                                             "cases": analyse_mean(result, windows, profiled)}
+    return res
+
+
+def verdict_lines(res: dict) -> list[str]:
+    lines = []
+    for mean, m in res["means"].items():
+        for key, row in m["cases"].items():
+            for by, j in row["judged"].items():
+                if j is None:
+                    lines.append(f"mean {mean} {key} ({by}): no advice")
+                    continue
+                errs = " ".join(f"{s}:{100 * e:+.1f}%" for s, e in j["errors"].items() if s != j["profiled"])
+                lines.append(f"mean {mean} {key} ({by}, {m['rounds']} rounds, noise {100 * j['noise']:.1f}%): "
+                             f"errors {errs}; recommend {j['recommend']}, best {j['best_measured']}, pick "
+                             f"{'within' if j['pick_within_noise'] else 'OUTSIDE'} noise, low end "
+                             f"{'holds' if j['recommendation_low_end_holds'] else 'FAILS'}")
+    return lines
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--means", type=float, nargs="+", default=[3.0])
+    ap.add_argument("--profiled", type=int, nargs="+", default=[1, 3, 6], help="the step counts read as profiles")
+    ap.add_argument("--seconds-per-mean", type=float, default=420.0, help="closed_loop.py's --max-seconds, each")
+    ap.add_argument("--out", default="bench-out")
+    ap.add_argument("--logs", default=None, help="unused: each mean's logs go under OUT/mean-M/logs")
+    ap.add_argument("--analyse", metavar="OUT", help="only the analysis, of a sweep written before")
+    ap.add_argument("rest", nargs=argparse.REMAINDER, help="-- then closed_loop.py's options")
+    a = ap.parse_args()
+    if a.analyse:
+        res = analyse(a.analyse, a.profiled)
+        if not res["means"]:
+            sys.exit(f"no sweep under {a.analyse}: expected mean-M/closed-loop-*.json and mean-M/logs/profile.jsonl")
+        out_dir = a.analyse
+    else:
+        rest = [x for x in a.rest if x != "--"]
+        for mean in a.means:
+            d = os.path.join(a.out, f"mean-{mean:g}")
+            os.makedirs(os.path.join(d, "logs"), exist_ok=True)
+            cmd = [sys.executable, os.path.join(HERE, "closed_loop.py"), "--out", d, "--logs", os.path.join(d, "logs"),
+                   "--mean", str(mean), "--max-seconds", str(a.seconds_per_mean)] + rest
+            print(f"mean {mean:g}: {' '.join(cmd[1:])}", flush=True)
+            t0 = time.time()
+            rc = subprocess.call(cmd)
+            print(f"mean {mean:g}: rc {rc} in {time.time() - t0:.0f} s", flush=True)
+        res = analyse(a.out, a.profiled)
+        out_dir = a.out
+    path = os.path.join(out_dir, "advisor-sweep.json")
+    with open(path, "w") as f:
+        json.dump(res, f, indent=1)
+        f.write("\n")
+    print("\n".join(verdict_lines(res)))
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
