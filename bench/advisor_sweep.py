@@ -92,10 +92,18 @@ def judge(advice: dict, measured: dict[int, float], spread: float, k: int) -> di
             "noise": round(spread, 4)}
 
 
-def analyse_mean(result: dict, windows: list[dict], profiled: list[int]) -> dict:
+def analyse_mean(result: dict, windows: list[dict], profiled: list[int], static: list[dict] | None = None) -> dict:
+    """Each load's advice from the sweep server's profile cut to each step count of `profiled`,
+    and, with `static` (the windows of the static server closed_loop.py --profiled-server ran,
+    with its kernel view), from that profile as a user of that server reads it."""
     from sglang_specprof import report
     from sglang_specprof.window import bucket_of
 
+    sources = [(f"profiled at {k}", k, lambda k=k: as_static(windows, k)) for k in profiled]
+    if static:
+        k = (static[0].get("config") or {}).get("num_steps")
+        sources.append((f"static server at {k}", k, lambda: static))
+    summaries = {}
     out = {}
     for by in ("clients", "profile"):
         table = result["runs"] if by == "clients" else result.get("profile_decode_tok_s") or {}
@@ -108,12 +116,13 @@ def analyse_mean(result: dict, windows: list[dict], profiled: list[int]) -> dict
             med = {s: statistics.median(xs) for s, xs in statics.items()}
             spread = noise({str(s): xs for s, xs in statics.items()})
             bucket = bucket_of(int(ld[1:]))
-            for k in profiled:
+            for name, k, cut in sources:
                 if k not in med:
                     continue
-                summary = report.summarize(as_static(windows, k))
-                adv = report.advise(summary).get(bucket)
-                key = f"{ld} profiled at {k}"
+                if name not in summaries:
+                    summaries[name] = report.advise(report.summarize(cut()))
+                adv = summaries[name].get(bucket)
+                key = f"{ld} {name}"
                 row = out.setdefault(key, {"bucket": bucket, "medians": {}, "judged": {}})
                 row["medians"][by] = {str(s): round(v, 1) for s, v in sorted(med.items())}
                 if adv is None:
@@ -136,11 +145,14 @@ def analyse(out_dir: str, profiled: list[int]) -> dict:
             continue
         result = json.load(open(found[0]))
         windows, _ = schema.read(prof[0])
+        st = [p for p in (os.path.join(d, "logs", "profile-static.jsonl"),
+                          os.path.join(d, "logs", "profile-static.jsonl.xz")) if os.path.exists(p)]
+        static = schema.read(st[0])[0] if st else None
         res["means"][str(result["mean"])] = {"command": result.get("command"), "machine": result.get("machine"),
                                              "date": result.get("date"), "sglang": result.get("sglang"),
                                              "rounds": min((len(v) for r in result["runs"].values() for v in r.values()),
                                                            default=0),
-                                             "cases": analyse_mean(result, windows, profiled)}
+                                             "cases": analyse_mean(result, windows, profiled, static)}
     return res
 
 

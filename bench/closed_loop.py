@@ -200,6 +200,12 @@ def main():
                          "and the profile (logs/profile-capped.jsonl), in every round (against the static STEPS "
                          "on the raised cap: `STEPS_vs_capped`) and at the --alternate concurrency after them: "
                          "its report names the cap and the requests waiting for a slot")
+    ap.add_argument("--profiled-server", type=int, default=None, metavar="STEPS",
+                    help="one more server at STEPS static steps (the same cap) with the profile and the kernel "
+                         "sampler (logs/profile-static.jsonl), in every round as `profiled`: the profile a user "
+                         "of a static server reads, with its kernel view")
+    ap.add_argument("--profiled-kernels", type=int, default=1, metavar="N",
+                    help="the profiled server's --speculative-profile-kernels (a sample every N windows)")
     ap.add_argument("--upstream-server", action="store_true",
                     help="a third server: upstream's adaptive speculation with its default config and step-0 path")
     round_args(ap)
@@ -231,6 +237,12 @@ def main():
         capped = eagle3_args(target, draft, steps=a.capped_server, topk=1, graph_bs=a.graph_bs, max_tokens=60000)
         plan["capped"] = (capped + ["--speculative-profile", "--speculative-profile-output", capped_profile],
                           {k: v for k, v in env.items() if k != "SGLANG_SPECPROF_POLICY_FILE"})
+    if a.profiled_server is not None:
+        prof = eagle3_args(target, draft, steps=a.profiled_server, topk=1, graph_bs=a.graph_bs, max_tokens=60000)
+        plan["profiled"] = (prof + ["--max-running-requests", str(a.max_running), "--speculative-profile",
+                                    "--speculative-profile-output", os.path.join(a.logs, "profile-static.jsonl"),
+                                    "--speculative-profile-kernels", str(a.profiled_kernels)],
+                            {k: v for k, v in env.items() if k != "SGLANG_SPECPROF_POLICY_FILE"})
     if a.upstream_server:
         up_env = {k: v for k, v in env.items() if k != "SGLANG_SPECPROF_POLICY_FILE"}
         plan["up"] = (common + ["--speculative-adaptive"], dict(up_env, SGLANG_SPECPROF_ZERO_STEP_DECODE="0"))
@@ -239,7 +251,7 @@ def main():
           f"({', '.join(f'{n} {s.ready_s} s' for n, s in servers.items())})", flush=True)
     statics = [str(s) for s in (a.statics if a.statics is not None else range(0, a.launch_steps + 1))]
     others = ([] if a.no_plain else ["plain"]) + (["up"] if a.upstream_server else []) + (
-        ["capped"] if a.capped_server is not None else [])
+        ["capped"] if a.capped_server is not None else []) + (["profiled"] if a.profiled_server is not None else [])
     modes = statics + list(a.policies) + others
     loads = [f"c{c}" for c in a.concurrency] + ([f"alt{a.alternate}"] if a.alternate else [])
     runs = {ld: {m: [] for m in modes} for ld in loads}

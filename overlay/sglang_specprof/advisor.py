@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from . import window
 from .advice_text import error_line, format_advice, is_profiled, named_setting  # noqa: F401  (advisor's interface)
-from .fit import LOCAL_MIN_CYCLES, fit_verify, local_growth
+from .fit import LOCAL_MIN_CYCLES, TokenCurve, fit_verify, local_growth
 from .measured_error import ERROR_FILE, last_error, with_error  # noqa: F401  (advisor's interface)
 from .model import (CENTRAL, DRAFT, DRAFT_EXTEND, HIGH, LOW, VERIFY, Growth, Inputs, acceptance,  # noqa: F401
                     cycle_ms, expected_tokens, measured_positions, setting)
@@ -50,9 +50,15 @@ def predict(inp: Inputs, ks=range(1, 9)) -> dict | None:
     # a chain's draft step, from a tree's: flat (memory-bound) to in proportion to the tokens it drafts
     shares = (1.0,) if inp.topk <= 1 else (1.0, 1.0 / inp.topk)
     rows = []
+    curve = g.curve if inp.topk <= 1 else None
     for k in ks:
-        central_t = cycle_ms(inp, k, g.per_token) * scale
-        ends = [cycle_ms(inp, k, pt, step_share=sh) * scale for pt in (g.low, g.high) for sh in shares]
+        if curve is not None:  # verify's change read off the kernel view's token curve
+            d_c, d_lo, d_hi = curve.delta(inp.batch * inp.verified(), inp.batch * (k + 1))
+            central_t = cycle_ms(inp, k, 0.0, verify_delta=d_c) * scale
+            ends = [cycle_ms(inp, k, 0.0, verify_delta=d) * scale for d in (d_lo, d_hi)]
+        else:
+            central_t = cycle_ms(inp, k, g.per_token) * scale
+            ends = [cycle_ms(inp, k, pt, step_share=sh) * scale for pt in (g.low, g.high) for sh in shares]
         t_lo, t_hi = min(ends), max(ends)
         if not (central_t > 0 and t_lo > 0):
             continue
@@ -157,7 +163,8 @@ def inputs_from_bucket(bucket: dict, steps: int, growth: Growth | None = None, c
                  draft_tokens=draft_tokens(config, steps), topk=tree_topk(config, steps))
     if growth is not None and not growth.how.startswith("measured"):
         # an upper bound from batch sizes narrows the proportional one, never widens it
-        inp.growth = Growth(0.0, 0.0, min(growth.high, inp.proportional()), growth.how)
+        high = min(growth.high, inp.proportional())
+        inp.growth = Growth(min(growth.per_token, high), 0.0, high, growth.how)
     return inp
 
 
@@ -240,6 +247,7 @@ def _profile(summary: dict) -> dict:
     if not steps or config_problems(summary.get("config")) or not_applicable(summary.get("config")):
         return out
     fit = fit_verify(summary.get("verify_points") or [], steps, draft_tokens(summary.get("config"), steps))
+    curve = TokenCurve.fit(summary.get("kernel_points") or [], steps, draft_tokens(summary.get("config"), steps))
     by_steps_at = _by_batch_sizes(summary)
     local = {prefix: local_growth(runs) for prefix, runs in by_steps_at.items()}
     for key, b in summary["buckets"].items():
@@ -251,6 +259,10 @@ def _profile(summary: dict) -> dict:
         inp = inputs_from_bucket(b, steps if at is None else at, local.get(prefix) or fit, summary.get("config"))
         if inp is None:
             continue
+        if curve is not None and local.get(prefix) is None and inp.topk <= 1 and inp.steps > 0:
+            m = inp.batch * inp.verified()
+            g = curve.slope(m, inp.batch)
+            inp.growth = Growth(g, g, g, curve.how, curve)
         if sib is not None:
             sk, sb = sib
             inp.per_position = list(sb["accept"]["per_position"])

@@ -45,6 +45,33 @@ def wls(xs: list[list[float]], ys: list[float], ws: list[float]):
     return beta, se
 
 
+CONTEXT_SPREAD = 1.5  # verify's slope with context at two batch sizes this far apart (and beyond noise): not one plane
+
+
+def context_slopes_agree(pts: list) -> bool:
+    """Whether verify time rises with the context tokens at one slope at every batch size (each
+    batch-size bucket's own weighted line through verify time against context, three points
+    at least): what the plane through tokens and context assumes. False where two buckets'
+    slopes differ by more than CONTEXT_SPREAD times and three standard errors."""
+    from .window import bucket_of
+
+    groups: dict = {}
+    for t, ctx, v, c, reqs, _k in pts:
+        groups.setdefault(bucket_of(max(1, round(reqs))), []).append((ctx, v, c))
+    slopes = []
+    for g in groups.values():
+        if len(g) < 3 or len({round(x, 1) for x, _, _ in g}) < 3:
+            continue
+        f = wls([[1.0, x] for x, _, _ in g], [v for _, v, _ in g], [c for _, _, c in g])
+        if f is not None and math.isfinite(f[1][1]) and f[0][1] > 0:
+            slopes.append((f[0][1], f[1][1]))
+    for a, sa in slopes:
+        for b, sb in slopes:
+            if a > b * CONTEXT_SPREAD and a - b > 3 * math.hypot(sa, sb):
+                return False
+    return True
+
+
 def fit_verify(points: list, steps: int, draft_tokens: int | None = None) -> Growth | None:
     """What a verified token adds to verify, from [requests per cycle, context tokens, verify ms,
     cycles(, step count)] points (one per window and bucket, `merge.verify_points`; a point
@@ -69,6 +96,15 @@ def fit_verify(points: list, steps: int, draft_tokens: int | None = None) -> Gro
     found = None
     if all(ctx is not None for _, ctx, *_ in pts) and len(pts) >= 4:
         found = growth([[1.0, t, ctx] for t, ctx, *_ in pts], ys, ws, 1, "measured")
+        if found is not None and len({round(t / r, 3) for t, _, _, _, r, _ in pts}) == 1 \
+                and not context_slopes_agree(pts):
+            # one number of tokens a request throughout: the tokens rise with the requests, and
+            # the plane's context term, one slope for every batch size, does not hold (attention
+            # over a context runs wider with more requests): what each request costs on its own
+            # is counted as its tokens'. An upper bound; halfway taken.
+            found = Growth(found.per_token / 2, 0.0, found.high,
+                           "bounded above by batch sizes at one step count (a request's own cost counted as its "
+                           "tokens'), halfway taken")
     if found is None:
         # Several step counts at one number of requests (an adaptive profile, or profiles
         # merged): there the verified tokens differ and the requests (whose attention over
@@ -116,3 +152,95 @@ def local_growth(runs: dict):
     g, se = fit[0][1], fit[1][1]
     return Growth(max(g, 0.0), max(g - 2 * se, 0.0), max(g + 2 * se, 0.0),
                   "measured across step counts at these batch sizes")
+
+
+CURVE_MERGE = 0.05  # clusters of verified tokens within 5% of each other are one point of the curve
+
+
+class TokenCurve:
+    """The kernel time of verify that follows the verified tokens (GEMMs, sampling, copies: not
+    attention, which follows the requests and their context), against the verified tokens of
+    a cycle, from the kernel samples (`merge.kernel_points`): one point per batch-size bucket
+    and step count sampled, the points joined by straight lines.
+
+    A GEMM's time is flat in the tokens while its weights' reading bounds it and grows in
+    proportion once its arithmetic does: convex and non-decreasing, at most in proportion. So
+    between two measured points the chord bounds it from above and the neighbouring chords'
+    extensions from below; below the fewest tokens sampled it lies between the first chord
+    extended and the first point's level; beyond the most tokens sampled between the last
+    chord extended and the last point scaled in proportion (the central figure halfway)."""
+
+    def __init__(self, points: list[tuple[float, float]], how: str):
+        self.points, self.how = points, how
+
+    @classmethod
+    def fit(cls, kpoints: list, steps: int, draft_tokens: int | None = None) -> "TokenCurve | None":
+        from .window import bucket_of
+
+        groups: dict = {}
+        for p in kpoints or []:
+            try:
+                reqs, token_ms, _att, cycles, at = p[0], p[1], p[2], p[3], p[4] if len(p) > 4 else None
+            except (TypeError, IndexError):
+                continue
+            if not (isinstance(reqs, (int, float)) and reqs > 0 and isinstance(token_ms, (int, float))
+                    and token_ms >= 0 and isinstance(cycles, int) and cycles > 0):
+                continue
+            per_req = (at + 1) if at is not None else (draft_tokens or steps + 1)
+            g = groups.setdefault((bucket_of(max(1, round(reqs))), per_req), [0.0, 0.0, 0])
+            g[0] += reqs * per_req * cycles
+            g[1] += token_ms * cycles
+            g[2] += cycles
+        pts = sorted((m / c, t / c, c) for m, t, c in groups.values())
+        merged: list = []
+        for m, t, c in pts:
+            if merged and m <= merged[-1][0] * (1 + CURVE_MERGE):
+                pm, pt, pc = merged[-1]
+                merged[-1] = ((pm * pc + m * c) / (pc + c), (pt * pc + t * c) / (pc + c), pc + c)
+            else:
+                merged.append((m, t, c))
+        if len(merged) < 2:
+            return None
+        # non-decreasing: a point below the one before it (noise) is taken at its level
+        out = []
+        for m, t, _ in merged:
+            out.append((m, max(t, out[-1][1]) if out else t))
+        cycles = sum(c for _, _, c in merged)
+        return cls(out, f"measured from the kernel view ({cycles} sampled cycles at {len(out)} token counts, "
+                        f"{out[0][0]:.0f}-{out[-1][0]:.0f} tokens a cycle; attention taken to follow the requests)")
+
+    def _slope(self, i: int) -> float:
+        (m0, t0), (m1, t1) = self.points[i], self.points[i + 1]
+        return (t1 - t0) / (m1 - m0)
+
+    def at(self, m: float) -> tuple[float, float, float]:
+        """(central, low, high) kernel ms of a cycle verifying `m` tokens."""
+        p = self.points
+        n = len(p)
+        if m <= p[0][0]:
+            ext = p[0][1] + self._slope(0) * (m - p[0][0])
+            return max(ext, 0.0), max(ext, 0.0), p[0][1]
+        if m >= p[-1][0]:
+            ext = p[-1][1] + self._slope(n - 2) * (m - p[-1][0])
+            prop = p[-1][1] * m / p[-1][0]
+            hi = max(prop, ext)
+            return (ext + hi) / 2, ext, hi
+        i = max(j for j in range(n - 1) if p[j][0] <= m)
+        chord = p[i][1] + self._slope(i) * (m - p[i][0])
+        lows = [p[i][1]]
+        if i > 0:
+            lows.append(p[i][1] + self._slope(i - 1) * (m - p[i][0]))
+        if i + 2 < n:
+            lows.append(p[i + 1][1] + self._slope(i + 1) * (m - p[i + 1][0]))
+        return chord, min(max(lows), chord), chord
+
+    def delta(self, m_from: float, m_to: float) -> tuple[float, float, float]:
+        """What verify's kernel time changes by from `m_from` tokens a cycle to `m_to`:
+        (central, lowest, highest)."""
+        base = self.at(m_from)[0]
+        c, lo, hi = self.at(m_to)
+        return c - base, lo - base, hi - base
+
+    def slope(self, m: float, step: float) -> float:
+        """The central growth a token around `m` tokens (over `step` more), for the report."""
+        return (self.at(m + step)[0] - self.at(m)[0]) / step if step > 0 else 0.0

@@ -40,6 +40,7 @@ class Merge:
         self.points: list = []
         self.lost = dict.fromkeys(("dropped_cycles", "steps_lost", "marks_lost", "uncut_cycles"), 0)
         self.kernels: list = []
+        self.kernel_points: list = []
         self.beside = dict.fromkeys(("prefill_seconds", "beside_prefill_seconds", "admissions"), 0)
         self.switch = dict.fromkeys(("cycles", "gpu_ms", "gap_gpu_ms", "committed_tokens"), 0)
         self.recent: dict = {}  # (rank, window) -> window, the last KERNEL_SOURCES
@@ -78,6 +79,7 @@ class Merge:
             if taken is not None:
                 kernels.against_window(k, taken)
         self.kernels.append(k)
+        self.kernel_points.extend(kernel_points(k))
 
     def result(self) -> dict:
         first = self.first or {}
@@ -90,6 +92,7 @@ class Merge:
                 "buckets": {k: window.with_steps(k, self.buckets[k].result())
                             for k in sorted(self.buckets, key=window.bucket_order)},
                 "verify_points": self.points,
+                "kernel_points": self.kernel_points,
                 **({"switch_cycles": self._switches()} if self.switch["cycles"] else {}),
                 **self.lost,
                 "kernels": kernels.merge(self.kernels)}
@@ -176,6 +179,30 @@ def verify_points(windows: list[dict]) -> list[list]:
             pts.append([round(reqs / b["cycles"], 4), ctx, v, b["cycles"], window.bucket_steps(key)])
     return pts
 
+
+TOKEN_CLASSES = ("gemm", "sampling", "copy", "other", "communication")  # kernel time that follows the tokens
+
+
+def kernel_points(block: dict | None) -> list[list]:
+    """[requests per cycle, verify kernel ms per cycle that follows the tokens (GEMMs, sampling,
+    copies, the rest), verify attention ms per cycle, cycles, step count or None] from one
+    window's kernel sample, one point per step count it holds; what `fit.TokenCurve` fits the
+    growth of verify with the tokens on, apart from attention (which follows the requests and
+    their context)."""
+    if not isinstance(block, dict) or "error" in block:
+        return []
+    p = (block.get("phases") or {}).get(VERIFY)
+    bss = block.get("bs") or []
+    steps = block.get("steps") or [None] * len(bss)
+    if not isinstance(p, dict) or not p.get("cycles") or not bss or len(steps) != len(bss):
+        return []
+    busy = p.get("busy_ms") or {}
+    per = max(p["cycles"], 1)
+    token_ms = sum(busy.get(c) or 0.0 for c in TOKEN_CLASSES) / per
+    attention_ms = (busy.get("attention") or 0.0) / per
+    if len({s for s in steps}) != 1 or any(b is None for b in bss):
+        return []  # a sample across a change of step count: its kernels are not one setting's
+    return [[round(sum(bss) / len(bss), 3), round(token_ms, 4), round(attention_ms, 4), len(bss), steps[0]]]
 
 
 def by_steps(summary: dict) -> dict:

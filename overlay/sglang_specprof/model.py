@@ -46,6 +46,7 @@ class Growth:
     low: float
     high: float
     how: str  # "measured", "measured across step counts", "bounded above by batch sizes", "bounded (flat to proportional)"
+    curve: object = None  # fit.TokenCurve: verify's token-driven kernel time by tokens a cycle (topk 1 only)
 
 
 @dataclass
@@ -110,10 +111,12 @@ def acceptance(inp: Inputs, k: int, which: str) -> list[float]:
     return a
 
 
-def cycle_ms(inp: Inputs, k: int, per_token: float, tokens: int | None = None, step_share: float = 1.0) -> float:
+def cycle_ms(inp: Inputs, k: int, per_token: float, tokens: int | None = None, step_share: float = 1.0,
+             verify_delta: float | None = None) -> float:
     """T(k) with verify growing `per_token` GPU ms per verified token, verifying `tokens` a
     request (topk 1: k + 1), each draft step that runs the draft model costing `step_share`
-    of a profiled one (a chain's step drafts one token a request where a tree's drafts topk)."""
+    of a profiled one (a chain's step drafts one token a request where a tree's drafts topk);
+    `verify_delta`, where given, is verify's change from K to k itself (`fit.TokenCurve`)."""
     K = inp.steps
     ph = inp.phases
     fixed = sum(v for n, v in ph.items() if n not in (VERIFY, DRAFT, DRAFT_EXTEND)) + inp.between_ms
@@ -126,7 +129,9 @@ def cycle_ms(inp: Inputs, k: int, per_token: float, tokens: int | None = None, s
     s = sum(forward_steps) / len(forward_steps) if forward_steps else ph.get(DRAFT_EXTEND, 0.0)
     draft = max(ph.get(DRAFT, 0.0) + (k - K) * s - (1.0 - step_share) * max(k - 1, 0) * s, 0.0)
     base = ph.get(VERIFY, 0.0)
-    verify = max(base + per_token * inp.batch * ((k + 1 if tokens is None else tokens) - inp.verified()), 0.0)
+    if verify_delta is None:
+        verify_delta = per_token * inp.batch * ((k + 1 if tokens is None else tokens) - inp.verified())
+    verify = max(base + verify_delta, 0.0)
     extend = ph.get(DRAFT_EXTEND, 0.0) * (verify / base if base > 0 else 1.0)
     return fixed + draft + verify + extend
 

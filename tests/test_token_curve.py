@@ -1,0 +1,144 @@
+"""Verify's growth with the tokens: the kernel view's token curve, the bound a profile at one
+step count gives, and the advisor replayed against a recorded sweep of static servers."""
+
+import json
+import lzma
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from fakes import FakeBackend  # noqa: F401  (puts overlay/ on the path)
+from sglang_specprof import advisor, fit, merge, report
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+import advisor_sweep  # noqa: E402
+
+SWEEP = ROOT / "bench" / "results" / "closed-loop-0.5.16-m3-2026-12-04.json"
+SWEEP_PROFILE = Path(__file__).parent / "data" / "adaptive" / "0.5.16-closed-loop" / "profile.jsonl.xz"
+
+
+def roofline(m):
+    """A GEMM's kernel time: its weights' reading (4 ms) until its arithmetic (0.02 ms a token)
+    takes longer, plus 0.001 ms a token of sampling and copies."""
+    return max(4.0, 0.02 * m) + 0.001 * m
+
+
+def sample(bs, steps=3, attention=2.0, cycles=4):
+    """One window's kernel sample: `cycles` cycles at `bs` requests, verify's kernel time by class."""
+    m = bs * (steps + 1)
+    total = roofline(m)
+    return {"cycles": cycles, "bs": [bs] * cycles, "phases": {"verify": {
+        "cycles": cycles, "busy_ms": {"gemm": (total - 0.001 * m) * cycles, "sampling": 0.0006 * m * cycles,
+                                      "copy": 0.0004 * m * cycles, "attention": attention * bs * cycles,
+                                      "other": 0.0, "communication": 0.0}}}}
+
+
+def test_kernel_points_keep_the_token_classes_apart_from_attention():
+    pts = merge.kernel_points(sample(16))
+    assert pts == [[16.0, pytest.approx(roofline(64), abs=1e-3), pytest.approx(32.0), 4, None]]
+    mixed = sample(16)
+    mixed["steps"] = [3, 3, 5, 5]  # a sample across a change of step count: no one setting's
+    assert merge.kernel_points(mixed) == []
+    assert merge.kernel_points({"error": "CUPTI busy"}) == [] and merge.kernel_points(None) == []
+
+
+def test_the_token_curve_bounds_a_roofline_between_and_beyond_its_points():
+    kp = [p for bs in (1, 16, 48) for p in merge.kernel_points(sample(bs))]
+    curve = fit.TokenCurve.fit(kp, 3)
+    assert [round(m) for m, _ in curve.points] == [4, 64, 192]
+    for m in (2, 20, 40, 100, 150, 240, 336, 400):
+        c, lo, hi = curve.at(m)
+        assert lo - 1e-9 <= c <= hi + 1e-9
+        assert lo - 1e-9 <= roofline(m) <= hi + 1e-9, (m, lo, roofline(m), hi)
+    # at 16 requests, 3 steps to 6: the central change within a fifth of the truth
+    d_c, d_lo, d_hi = curve.delta(64, 112)
+    true = roofline(112) - roofline(64)
+    assert d_lo <= true <= d_hi and d_c == pytest.approx(true, rel=0.2)
+    # one token count sampled: no curve
+    assert fit.TokenCurve.fit([p for p in kp if p[0] == 16], 3) is None
+
+
+def static_summary(kernels=True):
+    """A static 3-step profile at 1, 16 and 48 requests: verify = the roofline's token time +
+    attention over the context, 0.002 ms a context token at one request (one request keeps few
+    of the GPU's units busy) and 0.0004 with more (0.12 ms a request of 300 tokens); the
+    kernel samples (with `kernels`) hold the same."""
+    windows = []
+    for i, bs in enumerate((1, 16, 48) * 4):
+        ctx = 300.0 * bs * (1 + 0.05 * (i // 3))
+        verify = roofline(bs * 4) + (0.002 if bs == 1 else 0.0004) * ctx
+        b = {"cycles": 100, "phases": {"draft": {"gpu_ms": {"mean": 1.5}}, "verify": {"gpu_ms": {"mean": verify}},
+                                       "draft_extend": {"gpu_ms": {"mean": 0.6}}},
+             "between_cycles_gpu_ms": {"mean": 0.1}, "cycle_wall_ms": {"mean": verify + 2.3},
+             "draft_steps_gpu_ms": [{"mean": 0.1}, {"mean": 0.5}, {"mean": 0.5}],
+             "accept": {"verified_requests": 100 * bs, "per_position": [0.8, 0.6, 0.45]},
+             "context_tokens": {"mean": ctx}}
+        windows.append({"buckets": {str(bs) if bs == 1 else {16: "9-16", 48: "33-64"}[bs]: b}})
+    summary = {"config": {"num_steps": 3, "topk": 1, "num_draft_tokens": 4}, "buckets": {},
+               "verify_points": merge.verify_points(windows),
+               "kernel_points": [p for bs in (1, 16, 48) for p in merge.kernel_points(sample(bs, attention=0.12))]
+               if kernels else []}
+    for w in windows:
+        for k, b in w["buckets"].items():
+            summary["buckets"].setdefault(k, b)
+    return summary
+
+
+def test_the_advisor_reads_verify_off_the_token_curve_where_the_profile_has_one():
+    with_k = advisor.advise(static_summary())["33-64"]
+    assert with_k["verify_growth"].startswith("measured from the kernel view")
+    rows = {r["steps"]: r for r in with_k["rows"]}
+    # 6 steps at 48 requests, beyond the most tokens sampled (192): the true cycle, with verify
+    # as the roofline has it at 336 tokens and attention held, inside the prediction's range
+    v3, v6 = roofline(192) + 0.12 * 48, roofline(48 * 7) + 0.12 * 48
+    scale = (v3 + 2.3) / (v3 + 1.5 + 0.6 + 0.1)
+    true_ms = (v6 + 1.5 + 3 * 0.5 + 0.6 * v6 / v3 + 0.1) * scale
+    true_tok = 48 * rows[6]["expected_tokens"] / true_ms * 1000
+    assert rows[6]["low"] <= true_tok <= rows[6]["high"]
+    assert rows[6]["low"] <= rows[6]["tokens_per_s"] <= rows[6]["high"]
+    # 4 steps (256 tokens) and 2 (144, between the points): the central within 5% and 2%
+    for k, tol in ((4, 0.05), (2, 0.02)):
+        vk = roofline(48 * (k + 1)) + 0.12 * 48
+        t = (vk + 1.5 + (k - 3) * 0.5 + 0.6 * vk / v3 + 0.1) * scale
+        assert rows[k]["tokens_per_s"] == pytest.approx(48 * rows[k]["expected_tokens"] / t * 1000, rel=tol), k
+    # without the kernel view the same profile only bounds the growth (the requests' attention
+    # rises with the tokens), and says so
+    without = advisor.advise(static_summary(kernels=False))["33-64"]
+    assert without["verify_growth"].startswith("bounded above by batch sizes")
+    assert without["verify_ms_per_token"][1] == 0.0
+
+
+def test_one_plane_through_tokens_and_context_is_refused_where_the_context_slopes_differ():
+    """The recorded closed loop (0.5.16, H200): at one request verify rises 0.0021 ms a context
+    token, at 17-32 requests 0.0004: no one plane, so a profile at one step count bounds the
+    growth of a token instead of measuring it."""
+    windows = [json.loads(x) for x in lzma.open(SWEEP_PROFILE, "rt") if x.strip()]
+    summary = report.summarize(advisor_sweep.as_static(windows, 3))
+    pts = [(p[0] * 4, p[1], p[2], p[3], p[0], 3) for p in summary["verify_points"]]
+    assert not fit.context_slopes_agree(pts)
+    g = fit.fit_verify(summary["verify_points"], 3, 4)
+    assert g.how.startswith("bounded above by batch sizes at one step count") and g.low == 0.0
+    assert g.per_token == pytest.approx(g.high / 2, rel=0.2)
+
+
+def test_replayed_against_the_recorded_sweep_the_advice_holds(tmp_path):
+    """The advisor from the recorded adaptive server's profile cut to what a static server at
+    K steps writes, against the same run's interleaved static servers (clients' medians, 11
+    rounds; 1, 32 and 128 concurrent): profiled at 3, every step count 1-4 within 5% of the
+    sweep relative to 3; profiled at 1, 3 and 4, every recommendation's low end holds."""
+    d = tmp_path / "mean-3"
+    (d / "logs").mkdir(parents=True)
+    shutil.copy(SWEEP, d / "closed-loop-0.5.16.json")
+    shutil.copy(SWEEP_PROFILE, d / "logs" / "profile.jsonl.xz")
+    res = advisor_sweep.analyse(str(tmp_path), [1, 3, 4])
+    cases = res["means"]["3.0"]["cases"]
+    assert len(cases) == 9
+    for key, row in cases.items():
+        j = row["judged"]["clients"]
+        assert j["recommendation_low_end_holds"], key
+        if j["profiled"] == 3:
+            assert j["largest_error"] <= 0.05, (key, j["errors"])
+            assert j["pick_within_noise"], key
