@@ -261,8 +261,8 @@ def _profile(summary: dict) -> dict:
             continue
         if curve is not None and local.get(prefix) is None and inp.topk <= 1 and inp.steps > 0:
             m = inp.batch * inp.verified()
-            g = curve.slope(m, inp.batch)
-            inp.growth = Growth(g, g, g, curve.how, curve)
+            c, lo, hi = (max(d / inp.batch, 0.0) for d in curve.delta(m, m + inp.batch))  # one step more
+            inp.growth = Growth(c, lo, hi, curve.how, curve)
         if sib is not None:
             sk, sb = sib
             inp.per_position = list(sb["accept"]["per_position"])

@@ -240,7 +240,3 @@ class TokenCurve:
         base = self.at(m_from)[0]
         c, lo, hi = self.at(m_to)
         return c - base, lo - base, hi - base
-
-    def slope(self, m: float, step: float) -> float:
-        """The central growth a token around `m` tokens (over `step` more), for the report."""
-        return (self.at(m + step)[0] - self.at(m)[0]) / step if step > 0 else 0.0
