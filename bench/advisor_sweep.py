@@ -92,43 +92,70 @@ def judge(advice: dict, measured: dict[int, float], spread: float, k: int) -> di
             "noise": round(spread, 4)}
 
 
+def bucket_rates(windows: list[dict], steps: list[int]) -> dict[int, dict[str, float]]:
+    """{step count: {bucket: tokens/s}}: each static run's decode cycles by batch size, from the
+    sweep server's own profile (its GPU time alone: no prefill, no ramp up or down)."""
+    from sglang_specprof import report
+
+    out = {}
+    for s in steps:
+        buckets = report.summarize(as_static(windows, s))["buckets"]
+        out[s] = {b: v["tokens_per_s"] for b, v in buckets.items() if v.get("cycles") and v.get("tokens_per_s")}
+    return out
+
+
 def analyse_mean(result: dict, windows: list[dict], profiled: list[int], static: list[dict] | None = None) -> dict:
     """Each load's advice from the sweep server's profile cut to each step count of `profiled`,
     and, with `static` (the windows of the static server closed_loop.py --profiled-server ran,
-    with its kernel view), from that profile as a user of that server reads it."""
+    with its kernel view), from that profile as a user of that server reads it, and from the
+    sweep server's profile cut to that step count with the static server's kernel samples.
+
+    Judged against three measures of the same sweep: the clients' medians (which hold each
+    request's prefill and the ramp up and down of the load's batch: their ratios between step
+    counts lie nearer 1), the profile's decode rate of each run (every batch size the run
+    passed through), and the profile's rate in the load's own batch-size bucket at each step
+    count (what the advisor predicts)."""
     from sglang_specprof import report
     from sglang_specprof.window import bucket_of
 
-    sources = [(f"profiled at {k}", k, lambda k=k: as_static(windows, k)) for k in profiled]
+    sources = [(f"profiled at {k}", k, lambda k=k: report.summarize(as_static(windows, k))) for k in profiled]
     if static:
         k = (static[0].get("config") or {}).get("num_steps")
-        sources.append((f"static server at {k}", k, lambda: static))
-    summaries = {}
+        kview = report.summarize(static)["kernel_points"]
+        sources.append((f"static server at {k}", k, lambda: report.summarize(static)))
+        sources.append((f"profiled at {k} with the kernel view", k,
+                        lambda k=k: dict(report.summarize(as_static(windows, k)), kernel_points=kview)))
+    advice = {}
+    steps = sorted({int(m) for runs in result["runs"].values() for m in runs if m.isdigit()})
+    by_bucket = bucket_rates(windows, steps)
     out = {}
-    for by in ("clients", "profile"):
-        table = result["runs"] if by == "clients" else result.get("profile_decode_tok_s") or {}
-        for ld, runs in table.items():
-            if not ld.startswith("c"):
-                continue
-            statics = {int(m): xs for m, xs in runs.items() if m.isdigit() and xs}
-            if not statics:
-                continue
-            med = {s: statistics.median(xs) for s, xs in statics.items()}
-            spread = noise({str(s): xs for s, xs in statics.items()})
-            bucket = bucket_of(int(ld[1:]))
-            for name, k, cut in sources:
+    for ld, runs in result["runs"].items():
+        if not ld.startswith("c"):
+            continue
+        statics = {int(m): xs for m, xs in runs.items() if m.isdigit() and xs}
+        if not statics:
+            continue
+        spread = noise({str(s): xs for s, xs in statics.items()})
+        bucket = bucket_of(int(ld[1:]))
+        decode = {int(m): xs for m, xs in ((result.get("profile_decode_tok_s") or {}).get(ld) or {}).items()
+                  if m.isdigit() and xs}
+        truths = {"clients": {s: statistics.median(xs) for s, xs in statics.items()},
+                  "profile": {s: statistics.median(xs) for s, xs in decode.items()},
+                  "bucket": {s: r[bucket] for s, r in by_bucket.items() if bucket in r}}
+        for name, k, summary in sources:
+            if name not in advice:
+                advice[name] = report.advise(summary())
+            adv = advice[name].get(bucket)
+            row = out.setdefault(f"{ld} {name}", {"bucket": bucket, "medians": {}, "judged": {}})
+            for by, med in truths.items():
                 if k not in med:
                     continue
-                if name not in summaries:
-                    summaries[name] = report.advise(report.summarize(cut()))
-                adv = summaries[name].get(bucket)
-                key = f"{ld} {name}"
-                row = out.setdefault(key, {"bucket": bucket, "medians": {}, "judged": {}})
                 row["medians"][by] = {str(s): round(v, 1) for s, v in sorted(med.items())}
                 if adv is None:
                     row["judged"][by] = None
                     continue
                 row["predicted"] = {str(r["steps"]): [r["tokens_per_s"], r["low"], r["high"]] for r in adv["rows"]}
+                row["verify_growth"] = adv.get("verify_growth")
                 row["judged"][by] = judge(adv, med, spread, k)
     return out
 

@@ -142,3 +142,56 @@ def test_replayed_against_the_recorded_sweep_the_advice_holds(tmp_path):
         if j["profiled"] == 3:
             assert j["largest_error"] <= 0.05, (key, j["errors"])
             assert j["pick_within_noise"], key
+
+
+SWEEP_H100 = Path(__file__).parent / "data" / "advisor-sweep" / "0.5.16-h100"
+
+
+def test_the_advisor_against_the_recorded_sweep_of_three_acceptance_means():
+    """The interleaved sweep of 2026-12-06 (H100, 0.5.16, multinomial means 2, 3 and 4, static
+    1-6 at 1, 16 and 48 concurrent, 10 rounds; bench/results/advisor-sweep-0.5.16-h100-
+    2026-12-06.json), replayed from its profiles. Against the profile's own rate at the load's
+    batch sizes (what the advisor predicts): read at 3 steps with the kernel view of the
+    static server beside it, every step count within 6% where it is at most one past the
+    measured positions and within 7.5% beyond, the median within 2%; every reading's pick
+    within the sweep's noise of the best (profiled at 1: it keeps 1 and names the step count
+    to profile next) and every recommendation's low end held by the clients, the profile's
+    decode rate and the bucket's."""
+    res = advisor_sweep.analyse(str(SWEEP_H100), [1, 3, 6])
+    assert sorted(res["means"]) == ["2.0", "3.0", "4.0"]
+    near, far, judged = [], [], 0
+    for mean, m in res["means"].items():
+        assert m["rounds"] == 10
+        for key, row in m["cases"].items():
+            for by, j in row["judged"].items():
+                judged += 1
+                assert j["recommendation_low_end_holds"], (mean, key, by)
+                if j["profiled"] == 1:
+                    assert j["recommend"] == 1
+                    if j["best_measured"] > 2:
+                        assert j["profile_next"] is not None, (mean, key, by)
+                else:
+                    assert j["pick_within_noise"], (mean, key, by)
+                if key.endswith("profiled at 3 with the kernel view") and by == "bucket":
+                    assert row["verify_growth"].startswith("measured from the kernel view")
+                    for s, e in j["errors"].items():
+                        (near if int(s) <= 4 else far).append(abs(e))
+    assert judged == 3 * 3 * 5 * 3
+    assert max(near) <= 0.06 and max(far) <= 0.075
+    assert sorted(near + far)[len(near + far) // 2] <= 0.02
+
+
+def test_the_cap_advice_is_the_cap_that_ran_faster():
+    """The capped server of 2026-12-06 (H100, 0.5.16, 3 steps, 128 requests at once, the
+    default cap of 48): its report advises 128 (48 running and at most 80 waiting); set on the
+    same kind of server that cap ran 1.34x the capped one's tokens/s, and 102 (48 and the mean
+    54 waiting, the advice before) 1.11x."""
+    windows, _ = report.load(str(Path(__file__).parent / "data" / "cap" / "0.5.16-h100" / "profile-capped.jsonl.xz"))
+    (line,) = report.cap_lines(report.summarize(windows))
+    assert "cap of 48, 54 waiting for a slot (at most 80)" in line and "--max-running-requests 128 would run them" in line
+    at = {n: json.loads((ROOT / "bench" / "results" / f"cap-0.5.16-h100-2026-12-06-at{n}.json").read_text())
+          for n in (128, 102)}
+    r128 = at[128]["analysis"]["c128"]["3_vs_capped"]
+    r102 = at[102]["analysis"]["c128"]["3_vs_capped"]
+    assert r128["ci95"][0] > 1.25 and r102["ci95"][0] > 1.0 and r128["median"] > r102["median"]
+    assert at[128]["max_running_requests"] == 128 and at[102]["max_running_requests"] == 102

@@ -19,8 +19,10 @@ T(k) = fixed + draft(k) + verify(k) + draft_extend(k), each term from the profil
   size, g lies between 0 (memory-bound: no growth) and verify(K) / tokens (in proportion);
 - draft extend grows by the same ratio as verify;
 - beyond the profiled K, acceptance is unknown: a_i goes on falling as it fell from a_(K-1)
-  to a_K (a_K * r^(i-K), r = a_K / a_(K-1) at most 1), bounded below by 0 and above by a_K
-  held.
+  to a_K (a_K * r^(i-K), r = a_K / a_(K-1) at most 1), and where that ratio itself fell from
+  a_(K-1) / a_(K-2), the ratio goes on falling by as much each position (accepted lengths
+  that thin out faster than geometrically: a Gaussian spread of them, for one); bounded
+  below by 0 and above by a_K held.
 
 Predicted tokens/s = batch * E(k) / T(k), scaled so that the cycle as profiled reproduces
 the measured cycle time. Each prediction carries a low and a high figure from those bounds.
@@ -103,10 +105,17 @@ def acceptance(inp: Inputs, k: int, which: str) -> list[float]:
     choice to win at least 1/T of each level's acceptance, `central` halfway between."""
     a = [x if x is not None else 0.0 for x in inp.per_position[: measured_positions(inp)]]
     r = min(a[-1] / a[-2], 1.0) if len(a) >= 2 and a[-2] > 0 else 1.0
+    # where the ratios themselves fall (a_K / a_(K-1) below a_(K-1) / a_(K-2): a draft whose
+    # accepted lengths thin out faster than geometrically), they go on falling as they fell
+    q = 1.0
+    if len(a) >= 3 and a[-3] > 0 and a[-2] > 0 and r < a[-2] / a[-3]:
+        q = r / (a[-2] / a[-3])
     if inp.topk > 1 and which != HIGH:
         share = 1.0 / inp.topk if which == LOW else (1.0 + 1.0 / inp.topk) / 2
         a = [x * share for x in a]
     while len(a) < k:
+        if which == CENTRAL:
+            r *= q
         a.append(0.0 if which == LOW or not a else a[-1] * (r if which == CENTRAL else 1.0))
     return a
 

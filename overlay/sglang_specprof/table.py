@@ -47,7 +47,8 @@ def cap_lines(summary: dict) -> list[str]:
     """A line for each bucket that ran at the running-request cap (--max-running-requests; 0.5.16
     sets 48 for a speculative server unless told) with requests waiting for a slot: what held
     the batch there, the cap or the KV pool, and the cap that would run the waiting requests
-    too without filling the pool past KV_TARGET. A profile without the waiting count (before
+    too (the running ones and the most that waited at one cycle) without filling the pool past
+    KV_TARGET. A profile without the waiting count (before
     it was recorded) is judged by the batch alone: at the cap, requests beyond it wait."""
     cap = (summary.get("config") or {}).get("max_running_requests")
     if not isinstance(cap, int) or isinstance(cap, bool) or cap <= 0:
@@ -66,16 +67,19 @@ def cap_lines(summary: dict) -> list[str]:
             continue  # at the cap, and nothing waited: the cap held nothing back
         kv = b.get("kv_used_share") or {}
         line = f"bs {key}: {batch:.1f} requests a cycle against the running-request cap of {cap}"
+        peak = w.get("max") if waiting is not None else None  # the most that waited at one cycle
         if waiting is not None:
-            line += f", {waiting:.0f} waiting for a slot"
+            line += f", {waiting:.0f} waiting for a slot (at most {peak:.0f})"
         if kv.get("max") is not None:
             line += f", the KV pool {100 * kv['mean']:.0f}% used (at most {100 * kv['max']:.0f}%)"
             if kv["max"] < KV_TARGET:
                 room = int(cap * KV_TARGET / max(kv["max"], 1e-3))  # the running requests the pool holds
-                advised = room if waiting is None else max(cap + 1, min(room, round(batch + waiting)))
+                # the cap that runs every request that wanted to run at once: those running and the
+                # most that waited (the mean would leave a load that comes in waves a tail to run alone)
+                advised = room if waiting is None else max(cap + 1, min(room, round(batch + peak)))
                 line += (f": the cap, not the memory, held the batch (requests beyond {cap} wait for a slot); "
                          f"--max-running-requests {advised} would run "
-                         + ("them" if waiting is not None and advised >= batch + waiting else
+                         + ("them" if waiting is not None and advised >= batch + peak else
                             f"more, the pool filled to about {100 * KV_TARGET:.0f}%"))
             else:
                 line += ": the KV pool is near full too; a larger cap needs more KV memory"
