@@ -17,6 +17,7 @@ against the sweep's best; the recommendation's low end against what the sweep me
         --statics 1 2 3 4 5 6 --policies --no-plain --alternate 0 --concurrency 1 16 48 \\
         --max-running 48 --tokens-scale 2 --rounds 10
     python bench/advisor_sweep.py --analyse OUT        # again, from the recorded runs (no GPU)
+    python bench/advisor_sweep.py --publish OUT/advisor-sweep.json   # the error the report shows
 
 Needs an NVIDIA GPU for the runs; the analysis runs anywhere. Writes OUT/advisor-sweep.json.
 """
@@ -199,6 +200,44 @@ def verdict_lines(res: dict) -> list[str]:
     return lines
 
 
+PUBLISHED_READINGS = ("profiled at 3", "profiled at 6")  # what a user's profile at a middle or high step count gives
+
+
+def published(res: dict, name: str, readings=PUBLISHED_READINGS, truth: str = "clients") -> dict:
+    """What advisor_error.json holds, from one sweep's result (`analyse`, recorded as `name`):
+    for each load, the largest and the median |error| of the predictions relative to the
+    profiled setting, over every mean and each reading in `readings`, against the `truth`
+    medians (the clients')."""
+    path = name
+    pooled: dict = {}
+    sweeps = []
+    for mean, m in res["means"].items():
+        for key, row in m["cases"].items():
+            ld, _, reading = key.partition(" ")
+            j = (row.get("judged") or {}).get(truth)
+            if reading not in readings or not j or not ld.startswith("c"):
+                continue
+            errs = [abs(e) for s, e in j["errors"].items() if int(s) != j["profiled"]]
+            pooled.setdefault(int(ld[1:]), {"errors": [], "rounds": []})
+            pooled[int(ld[1:])]["errors"] += errs
+            pooled[int(ld[1:])]["rounds"].append(m["rounds"])
+        sweeps.append({"results": os.path.basename(path), "release": m.get("sglang"), "date": m.get("date"),
+                       "command": m.get("command"), "simulated_acceptance_mean": float(mean),
+                       "readings": list(readings), "rounds": m["rounds"], "machine": m.get("machine")})
+    if not pooled:
+        raise SystemExit(f"{path}: no load with predictions judged against the {truth}' medians to publish")
+    by = {str(c): {"max_abs_error": round(max(v["errors"]), 4),
+                   "median_abs_error": round(statistics.median(v["errors"]), 4),
+                   "predictions": len(v["errors"]), "rounds": min(v["rounds"])} for c, v in sorted(pooled.items())}
+    return {"what": "the step-count advisor's error as bench/advisor_sweep.py measured it against an interleaved "
+                    "sweep of static step counts: for each step count other than the profiled one, its predicted "
+                    "tokens/s relative to the profiled setting's against the same ratio of the clients' medians "
+                    f"(profiles read at {', '.join(r.split()[-1] for r in readings)} steps, every acceptance mean)",
+            "release": ", ".join(dict.fromkeys(str(s["release"]) for s in sweeps)),
+            "date": max(str(s["date"]) for s in sweeps), "results": [os.path.basename(path)],
+            "by_concurrency": by, "sweeps": sweeps}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--means", type=float, nargs="+", default=[3.0])
@@ -207,8 +246,24 @@ def main():
     ap.add_argument("--out", default="bench-out")
     ap.add_argument("--logs", default=None, help="unused: each mean's logs go under OUT/mean-M/logs")
     ap.add_argument("--analyse", metavar="OUT", help="only the analysis, of a sweep written before")
+    ap.add_argument("--publish", metavar="RESULT", help="write the advisor's error measured by a sweep written "
+                    "before (OUT/advisor-sweep.json) into the package's advisor_error.json, which the report shows")
+    ap.add_argument("--publish-to", default=None, help=argparse.SUPPRESS)
     ap.add_argument("rest", nargs=argparse.REMAINDER, help="-- then closed_loop.py's options")
     a = ap.parse_args()
+    if a.publish:
+        from sglang_specprof.measured_error import ERROR_FILE
+
+        with open(a.publish) as f:
+            data = published(json.load(f), os.path.basename(a.publish))
+        out = a.publish_to or ERROR_FILE
+        with open(out, "w") as f:
+            json.dump(data, f, indent=1)
+            f.write("\n")
+        for c, e in data["by_concurrency"].items():
+            print(f"published to {out}: at {c} concurrent within {100 * e['max_abs_error']:.1f}% "
+                  f"(median {100 * e['median_abs_error']:.1f}%, {e['predictions']} predictions)")
+        return
     if a.analyse:
         res = analyse(a.analyse, a.profiled)
         if not res["means"]:

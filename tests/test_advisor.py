@@ -14,7 +14,6 @@ from sglang_specprof import advisor, cli, measured_error, report, table
 ROOT = Path(__file__).resolve().parent.parent
 DATA = Path(__file__).parent / "data"
 V1 = DATA / "profile-0.5.12-eagle3-v1-topk2.jsonl"  # topk 2, 3 steps, 4 draft tokens
-RESULTS = [ROOT / "bench" / "results" / f"advisor-0.5.12-acc{a}.json" for a in ("2.5", "4.0")]
 
 
 def tree_inputs(per_position=(0.8, 0.7, 0.6), growth=advisor.Growth(0.05, 0.03, 0.07, "measured"), tokens=8):
@@ -140,13 +139,20 @@ def test_the_recorded_tree_profile_is_compared_in_the_report_the_json_and_the_lo
     assert "advisor: " in line and "larger trees not predicted" in line
 
 
-def test_the_shipped_error_is_what_the_recorded_sweeps_measured():
+def test_the_shipped_error_is_what_the_recorded_sweep_measures_with_this_advisor():
+    """The error the report shows is the H100 sweep of 2026-12-06 (0.5.16, means 2-4, profiles
+    read at 3 and 6 steps, against the clients' medians), and the advisor as it is now, replayed
+    on that sweep's profiles, measures the same."""
     sys.path.insert(0, str(ROOT / "bench"))
-    import advisor_check
+    import advisor_sweep
 
+    name = "advisor-sweep-0.5.16-h100-2026-12-06.json"
     shipped = json.loads(Path(advisor.ERROR_FILE).read_text())
-    assert shipped == advisor_check.published([str(p) for p in RESULTS])
-    assert shipped["results"] == [p.name for p in RESULTS] and shipped["release"] == "0.5.12"
+    recorded = json.loads((ROOT / "bench" / "results" / name).read_text())
+    assert shipped == advisor_sweep.published(recorded, name)
+    replayed = advisor_sweep.analyse(str(DATA / "advisor-sweep" / "0.5.16-h100"), [1, 3, 6])
+    assert advisor_sweep.published(json.loads(json.dumps(replayed)), name)["by_concurrency"] == shipped["by_concurrency"]
+    assert shipped["release"] == "0.5.16" and set(shipped["by_concurrency"]) == {"1", "16", "48"}
 
 
 def synthetic_result(path):
