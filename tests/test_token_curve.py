@@ -109,6 +109,8 @@ def test_the_advisor_reads_verify_off_the_token_curve_where_the_profile_has_one(
     without = advisor.advise(static_summary(kernels=False))["33-64"]
     assert without["verify_growth"].startswith("bounded above by batch sizes")
     assert without["verify_ms_per_token"][1] == 0.0
+    assert any("--speculative-profile-kernels N" in n for n in without["notes"])  # what would measure it
+    assert not any("--speculative-profile-kernels" in n for n in with_k["notes"])
 
 
 def test_one_plane_through_tokens_and_context_is_refused_where_the_context_slopes_differ():

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from . import window
 from .advice_text import error_line, format_advice, is_profiled, named_setting  # noqa: F401  (advisor's interface)
-from .fit import LOCAL_MIN_CYCLES, TokenCurve, fit_verify, local_growth
+from .fit import BOUNDED_AT_ONE_STEP_COUNT, LOCAL_MIN_CYCLES, TokenCurve, fit_verify, local_growth
 from .measured_error import ERROR_FILE, last_error, with_error  # noqa: F401  (advisor's interface)
 from .model import (CENTRAL, DRAFT, DRAFT_EXTEND, HIGH, LOW, VERIFY, Growth, Inputs, acceptance,  # noqa: F401
                     cycle_ms, expected_tokens, measured_positions, setting)
@@ -263,6 +263,9 @@ def _profile(summary: dict) -> dict:
             m = inp.batch * inp.verified()
             c, lo, hi = (max(d / inp.batch, 0.0) for d in curve.delta(m, m + inp.batch))  # one step more
             inp.growth = Growth(c, lo, hi, curve.how, curve)
+        elif inp.verify_growth().how.startswith(BOUNDED_AT_ONE_STEP_COUNT):
+            inp.notes.append("verify's growth with the tokens is bounded here, not measured: kernel samples at two "
+                             "batch sizes or more (--speculative-profile-kernels N) measure it")
         if sib is not None:
             sk, sb = sib
             inp.per_position = list(sb["accept"]["per_position"])

@@ -45,6 +45,7 @@ def wls(xs: list[list[float]], ys: list[float], ws: list[float]):
     return beta, se
 
 
+BOUNDED_AT_ONE_STEP_COUNT = "bounded above by batch sizes at one step count"
 CONTEXT_SPREAD = 1.5  # verify's slope with context at two batch sizes this far apart (and beyond noise): not one plane
 
 
@@ -103,8 +104,7 @@ def fit_verify(points: list, steps: int, draft_tokens: int | None = None) -> Gro
             # over a context runs wider with more requests): what each request costs on its own
             # is counted as its tokens'. An upper bound; halfway taken.
             found = Growth(found.per_token / 2, 0.0, found.high,
-                           "bounded above by batch sizes at one step count (a request's own cost counted as its "
-                           "tokens'), halfway taken")
+                           BOUNDED_AT_ONE_STEP_COUNT + " (a request's own cost counted as its tokens'), halfway taken")
     if found is None:
         # Several step counts at one number of requests (an adaptive profile, or profiles
         # merged): there the verified tokens differ and the requests (whose attention over
