@@ -4,6 +4,7 @@ import json
 import pytest
 
 from fakes import FakeBackend, FakeTorch
+from sglang.specprof import hooks
 from sglang.specprof.kernel_sampler import KernelSampler
 from sglang.specprof.profiler import Profiler
 from sglang_specprof import kernels as K
@@ -25,27 +26,37 @@ BETWEEN = [("vectorized_elementwise_kernel<4, FillFunctor>", 0.03)]
 
 
 def cycle(p, ft, bs=2, idle_in=None, steps=None):
-    p.begin("decode", bs, None, steps)
+    """A decode cycle's hooks, each called on the installed profiler (hooks.P), as the series
+    call them: `p`, or the kernel sampler in its place while a sample is armed, runs or ends."""
+    hooks.P.begin("decode", bs, None, steps)
     for name, ks in CYCLE:
         for kname, ms in ks:
             ft.launch(kname, ms, via="cudaGraphLaunch" if name == "verify" else "cudaLaunchKernel")
         if name == idle_in:
             ft.b.advance(0.25)  # the device waits for the host before the phase's mark
-        p.mark(name)
-    p.end()
-    p.harvest([1] * bs)
+        hooks.P.mark(name)
+    hooks.P.end()
+    hooks.P.harvest([1] * bs)
     for kname, ms in BETWEEN:
         ft.launch(kname, ms)
 
 
+def installed(monkeypatch, p, ft, every=2, cycles=3):
+    """`p` installed in the hooks, with a kernel sampler that hooks.swap puts in its place."""
+    monkeypatch.setattr(hooks, "P", p)
+    monkeypatch.setitem(hooks._state, "paused", None)
+    monkeypatch.setitem(hooks._state, "warned", False)  # hooks.disable's, restored after the test
+    p.kernels = KernelSampler(p, every=every, cycles=cycles, torch_module=ft, swap=hooks.swap)
+
+
 @pytest.fixture
-def rig():
+def rig(monkeypatch):
     b = FakeBackend()
     out = []
     p = Profiler(b, interval=5, sink=out.append, config={"num_steps": 3, "worker": "v2"}, clock=b.clock,
                  log_table=False)
     ft = FakeTorch(b)
-    p.kernels = KernelSampler(p, every=2, cycles=3, torch_module=ft)
+    installed(monkeypatch, p, ft)
     return p, b, ft, out
 
 
@@ -102,7 +113,7 @@ def test_a_sample_attributes_every_kernel_to_its_phase(rig):
     json.dumps(k)  # JSON as it stands
 
 
-def test_a_sample_under_adaptive_speculation_is_set_beside_its_step_counts_buckets():
+def test_a_sample_under_adaptive_speculation_is_set_beside_its_step_counts_buckets(monkeypatch):
     """Under --speculative-adaptive the window's buckets are "2@3": the sampled cycles carry
     their step count, so the sample is compared with the cycles of the same step count."""
     b = FakeBackend()
@@ -110,9 +121,9 @@ def test_a_sample_under_adaptive_speculation_is_set_beside_its_step_counts_bucke
     p = Profiler(b, interval=5, sink=out.append, config={"num_steps": 3, "worker": "v2", "adaptive": True},
                  clock=b.clock, log_table=False)
     ft = FakeTorch(b)
-    p.kernels = KernelSampler(p, every=2, cycles=3, torch_module=ft)
+    installed(monkeypatch, p, ft)
     for _ in range(30):
-        cycle(p, ft, steps=3)  # the kernel sampler's stand-in begin takes the step count too
+        cycle(p, ft, steps=3)  # the kernel sampler's begin takes the step count too
     p.flush()
     k = next(w for w in out if w.get("kernels"))["kernels"]
     assert "error" not in k, k
@@ -122,19 +133,67 @@ def test_a_sample_under_adaptive_speculation_is_set_beside_its_step_counts_bucke
     assert set(out[0]["buckets"]) == {"2@3"}
 
 
-def test_between_samples_the_hot_path_is_the_plain_one(rig):
+HOOKS = [n for n in vars(hooks.NullProfiler) if not n.startswith("_") and callable(getattr(Profiler, n))]
+
+
+def test_a_sample_swaps_the_sampler_in_for_the_profiler_and_patches_nothing(rig):
+    """Between samples the hooks call the profiler itself (the plain hot path); from a
+    sample's arming to its stop they call the sampler, and the profiler is never patched:
+    its attributes hold no hook, and each of its hooks is its class's."""
     p, b, ft, out = rig
+    assert {"begin", "mark", "end", "draft_end", "draft_replay_begin", "harvest", "commit_end"} <= set(HOOKS)
+
+    def untouched():
+        assert not set(HOOKS) & set(vars(p)), set(HOOKS) & set(vars(p))
+        assert all(getattr(p, n).__func__ is getattr(Profiler, n) for n in HOOKS)
+
+    seen = set()
     for i in range(40):
-        cycle(p, ft)
+        hooks.P.begin("decode", 2)
         st = p.kernels.state
-        wrapped = {n for n in ("begin", "mark", "end", "draft_replay_begin", "draft_replay_end") if n in p.__dict__}
-        if st == "idle":
-            assert not wrapped, (i, wrapped)
-        elif st == "running":
-            assert wrapped == {"begin", "mark", "end", "draft_replay_begin", "draft_replay_end"}
+        seen.add(st)
+        assert hooks.P is (p if st == "idle" else p.kernels), (i, st)
+        untouched()
+        for name, ks in CYCLE:
+            for kname, ms in ks:
+                ft.launch(kname, ms)
+            hooks.P.mark(name)
+        hooks.P.end()
+        untouched()
+        hooks.P.harvest([1, 1])
+        st = p.kernels.state
+        seen.add(st)
+        assert hooks.P is (p if st == "idle" else p.kernels), (i, st)
+        untouched()
+    assert seen == {"idle", "armed", "running", "ending"}
     p.flush()
     assert p.kernels.samples >= 3
     assert all("error" not in w["kernels"] for w in out if w.get("kernels"))
+
+
+def test_the_sampler_calls_only_the_profilers_public_methods():
+    """kernel_sampler.py writes none of the profiler's attributes and calls none of its
+    private methods: what it needs the profiler offers (every_phase, add_kernel_sample)."""
+    import ast
+    import inspect
+
+    from sglang.specprof import kernel_sampler
+
+    tree = ast.parse(inspect.getsource(kernel_sampler))
+
+    def is_profiler(node):  # `self.profiler`, or a local `p` (what the sampler calls it)
+        return (isinstance(node, ast.Name) and node.id == "p" or isinstance(node, ast.Attribute)
+                and node.attr == "profiler" and isinstance(node.value, ast.Name) and node.value.id == "self")
+
+    bad = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and node.id in ("setattr", "delattr") or (
+                isinstance(node, ast.Attribute) and node.attr == "__dict__"):
+            bad.append(ast.unparse(node))
+        if isinstance(node, ast.Attribute) and is_profiler(node.value) and (
+                node.attr.startswith("_") or not isinstance(node.ctx, ast.Load) or node.attr == "items"):
+            bad.append(ast.unparse(node))
+    assert not bad, bad
 
 
 def test_idle_at_a_phases_end_goes_to_the_next_phase_in_the_kernel_view(rig):
@@ -165,7 +224,7 @@ def test_no_sample_while_another_torch_profiler_runs(rig):
     assert p.kernels.samples == 0 and p.kernels.skipped == 1
     assert out[-1]["kernel_samples"] == {"taken": 0, "skipped": 1}
     assert not any(w.get("kernels") for w in out)
-    assert "begin" not in p.__dict__
+    assert hooks.P is p and "begin" not in vars(p)
 
 
 def test_a_sample_that_cannot_be_read_is_one_line_and_profiling_goes_on(rig):
@@ -272,3 +331,27 @@ def test_report_table_plot_and_trace_carry_the_samples(rig, tmp_path):
     drawn = plot(s, str(tmp_path / "p.png"))
     per_cycle_gemm = drawn["kernels"]["gemm"][[n for n, _ in CYCLE].index("verify")]
     assert per_cycle_gemm == pytest.approx(4.0)
+
+
+def test_a_pause_during_a_sample_and_an_internal_error_leave_the_right_profiler(rig):
+    """Paused while a sample is on, the null profiler takes the hooks and the resume gives
+    them back to the sampler, which gives them to the profiler when the sample ends; an
+    internal error during a sample stops it and leaves the null profiler."""
+    p, b, ft, out = rig
+    k = p.kernels
+    while k.state != "running":
+        cycle(p, ft)
+    hooks._pause_toggle()
+    assert not hooks.P.enabled and hooks._state["paused"] is k
+    cycle(p, ft)  # not seen
+    hooks._pause_toggle()
+    assert hooks.P is k and hooks._state["paused"] is None
+    for _ in range(8):
+        cycle(p, ft)
+    assert k.state == "idle" and hooks.P is p and k.samples == 1
+    p.on_error = hooks.disable
+    while k.state != "running":
+        cycle(p, ft)
+    hooks.P.begin("decode", 2)
+    p._fail(RuntimeError("a test's"))
+    assert isinstance(hooks.P, hooks.NullProfiler) and k.state == "idle" and ft.active is None

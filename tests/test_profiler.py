@@ -1293,7 +1293,7 @@ def test_a_stalled_cycle_timed_whole_is_taken_out():
     assert s["seconds"] > 0.2  # still decode time: counted in tokens/s
 
 
-def test_a_kernel_sample_times_its_cycles_phase_by_phase():
+def test_a_kernel_sample_times_its_cycles_phase_by_phase(monkeypatch):
     from fakes import FakeTorch
     from sglang.specprof.kernel_sampler import KernelSampler
 
@@ -1301,18 +1301,20 @@ def test_a_kernel_sample_times_its_cycles_phase_by_phase():
     out = []
     p = Profiler(b, interval=5, sink=out.append, config={"num_steps": 3}, clock=b.clock, log_table=False,
                  phases_every=8)
-    p.kernels = KernelSampler(p, 1, torch_module=FakeTorch(b))
+    monkeypatch.setattr(hooks, "P", p)
+    monkeypatch.setitem(hooks._state, "paused", None)
+    p.kernels = KernelSampler(p, 1, torch_module=FakeTorch(b), swap=hooks.swap)
     seen = []
     for i in range(30):
-        p.begin("decode", 1)
+        hooks.P.begin("decode", 1)  # the sampler's, in the profiler's place, while a sample is on
         s = p.cur
         seen.append((p.kernels.state, s.detail))
         for name, ms in PHASES:
             b.advance(ms)
-            p.mark(name)
-        p.end()
+            hooks.P.mark(name)
+        hooks.P.end()
         b.advance(0.4)
-        p.harvest([2])
+        hooks.P.harvest([2])
     assert all(detail for state, detail in seen if state == "running")
     assert any(state == "running" for state, _ in seen)
     assert not all(detail for state, detail in seen if state == "idle")

@@ -68,6 +68,21 @@ def _pause_toggle(signum=None, frame=None) -> None:
         P = paused
 
 
+def swap(old, new) -> None:
+    """A kernel sample is armed, or done (kernel_sampler.py): `new` takes the hooks where
+    `old` has them, installed or paused, as a pause swaps; elsewhere (replaced since) nothing."""
+    global P
+    if P is old:
+        P = new
+    elif _state["paused"] is old:
+        _state["paused"] = new
+
+
+def _own(p):
+    """The profiler behind `p`, where its state is written: a kernel sample's stand-in reads it."""
+    return p.profiler if isinstance(p, KernelSampler) else p
+
+
 def _follow_pause_signal() -> None:
     name = os.environ.get(PAUSE_SIGNAL_ENV)
     if not name:
@@ -194,7 +209,7 @@ def install(server_args, tp_rank: int | None = 0, worker: str = "v2") -> None:
         kernels = ""
         if every:
             try:
-                P.kernels = KernelSampler(P, every)
+                P.kernels = KernelSampler(P, every, swap=swap)
                 P.config["kernels_every"] = every
                 kernels = f", kernel sample of {CYCLES} cycles every {every} windows (CUPTI ready in {P.kernels.warm_s} s)"
             except Exception as e:
@@ -243,7 +258,7 @@ def _attach(scheduler) -> None:
                     ngram.time_cycles(worker, lambda: P)
         for p in (P, _state["paused"]):
             if p is not None and p.enabled:
-                p.scheduler = scheduler
+                _own(p).scheduler = scheduler
     except Exception as e:
         logger.warning("speculative profile: the scheduler's queue is not read (%s: %s); the server keeps serving.",
                        type(e).__name__, printable(str(e)))
@@ -267,8 +282,9 @@ def adaptive(controller, server_args) -> None:
                             launch_steps=getattr(server_args, "speculative_num_steps", None),
                             widen=getattr(server_args, "speculative_adaptive_config", None) is None)
         controller.params = policy
-        P.policy = policy
-        P.folder.observer = policy
+        own = _own(P)
+        own.policy = policy
+        own.folder.observer = policy
         follow_file(policy)
         logger.info("speculative adaptive policy %s (tiers %s; candidates %s)", mode,
                     ", ".join(map(str, policy.bs_list)),

@@ -11,9 +11,11 @@ so every kernel of the stretch is in. What it recorded goes to the outputs threa
 where `sglang_specprof.kernels` attributes each kernel to its phase and classes it; the
 next window carries the result as `kernels`.
 
-Nothing here runs between samples: the profiler's begin, mark and end are wrapped (on
-the instance) only while a sample is armed or running. A sample never starts while
-another torch profiler is on (SGLang's /start_profile): it is skipped and counted.
+Nothing here runs between samples: while a sample is armed, runs or waits for its last
+event, the hooks call the sampler in the profiler's place (hooks.swap, as a pause swaps),
+and each of its hooks calls the profiler's own; the profiler itself is never patched. A
+sample never starts while another torch profiler is on (SGLang's /start_profile): it is
+skipped and counted.
 """
 
 from __future__ import annotations
@@ -27,19 +29,25 @@ logger = logging.getLogger("sglang.specprof")
 
 CYCLES = 4  # decode cycles per sample, after one of context: the stop costs about 12 ms a cycle recorded
 WAIT_CYCLES = 64  # cycles the stretch's last event may take to complete before the sample is given up
-MARKING = ("mark", "draft_replay_begin", "draft_replay_end")  # the profiler's methods that record a phase mark
-# (draft_end records through mark)
 
 
 class KernelSampler:
-    def __init__(self, profiler, every: int, cycles: int = CYCLES, torch_module=None):
+    """The profiler the hooks call while a sample is armed, runs or ends (hooks.swap puts it
+    in the profiler's place and back, as a pause does): each hook is the profiler's own call,
+    and, while the sample runs, the torch profiler's annotation of what it recorded. Reads of
+    the profiler's other state go to the profiler (`__getattr__`)."""
+
+    enabled = True
+
+    def __init__(self, profiler, every: int, cycles: int = CYCLES, torch_module=None, *, swap):
         if torch_module is None:
             import torch as torch_module
         self.torch = torch_module
-        self.p = profiler
+        self.profiler = profiler
+        self.swap = swap  # (installed, replacement): hooks.swap
         self.every = every
         self.cycles = cycles
-        self.state = "idle"  # idle, armed, running, ending
+        self.state = "idle"  # idle, armed, running, ending; installed in the hooks but when idle
         self.prof = None
         self.left = 0
         self.seqs: set = set()  # cycles annotated in the running sample (the reader keeps their event times)
@@ -50,6 +58,11 @@ class KernelSampler:
         self.samples = 0
         self.skipped = 0  # due, but another torch profiler was on
         self.warm_s = self._warm()
+
+    def __getattr__(self, name):
+        if name == "profiler":  # not set yet (a failed constructor)
+            raise AttributeError(name)
+        return getattr(self.profiler, name)
 
     def _new(self):
         tp = self.torch.profiler
@@ -72,23 +85,23 @@ class KernelSampler:
 
     # -- on the scheduler's thread --------------------------------------------------
     def window_closed(self, index: int) -> None:
+        """The profiler closed window `index`: every `every` windows a sample is armed, and
+        this object takes the hooks until it is done."""
         if self.state == "idle" and (index + 1) % self.every == 0:
             self.state = "armed"
-            p = self.p
-            p.detail_all = True  # the sampled cycles timed phase by phase, to set beside their kernels
-            p._decide_next(count=False)  # the slot made ready for the next cycle too
-            p.begin = self._begin
+            p = self.profiler
+            p.every_phase(True)  # the sampled cycles timed phase by phase, to set beside their kernels
+            self.swap(p, self)
 
     def _annotate(self, name: str) -> None:
         with self.torch.profiler.record_function(name):
             pass
 
-    def _begin(self, kind, bs, ctx=None, steps=None):  # Profiler.begin's arguments, every one
-        p = self.p
-        st = self.state
-        if st == "ending":
+    def begin(self, kind, bs, ctx=None, steps=None):
+        p = self.profiler
+        if self.state == "ending":
             self._try_stop()
-        type(p).begin(p, kind, bs, ctx, steps)
+        p.begin(kind, bs, ctx, steps)
         st = self.state
         if st == "armed":
             if self._other_profiler_on():
@@ -102,9 +115,6 @@ class KernelSampler:
             self.left = self.cycles + 1
             self.seqs = set()
             self.state = st = "running"
-            for name in MARKING:
-                setattr(p, name, self._annotating(getattr(type(p), name)))
-            p.end = self._end
         if self.sample is not None:
             self.sample["cycles_run"] += 1
         if st == "running":
@@ -114,37 +124,71 @@ class KernelSampler:
                 tail = "" if s.steps is None else f"/{s.steps}"  # under --speculative-adaptive: its bucket's
                 self._annotate(f"specprof/{s.seq}/begin/{kind}/{bs}{tail}")
 
-    def _annotating(self, method):
-        """`method` of the profiler, then an annotation of the mark it recorded, if it did."""
-        p = self.p
+    def _marked(self, hook, *args):
+        """The profiler's `hook`, then, while the sample runs, an annotation of the mark it recorded, if it did."""
+        s = self.profiler.cur
+        if self.state != "running" or s is None:
+            hook(*args)
+            return
+        n0 = s.n
+        hook(*args)
+        if s.n > n0:
+            self._annotate(f"specprof/{s.seq}/{s.names[s.n - 1]}")
 
-        def call(*args):
-            s = p.cur
-            n0 = s.n if s is not None else 0
-            method(p, *args)
-            if s is not None and s.n > n0:
-                self._annotate(f"specprof/{s.seq}/{s.names[s.n - 1]}")
+    def mark(self, name):
+        self._marked(self.profiler.mark, name)
 
-        return call
+    def draft_replay_begin(self, runner, bs, variant=None):
+        self._marked(self.profiler.draft_replay_begin, runner, bs, variant)
 
-    def _end(self):
-        p = self.p
+    def draft_replay_end(self):
+        self._marked(self.profiler.draft_replay_end)
+
+    def draft_end(self):  # records through the profiler's mark
+        self._marked(self.profiler.draft_end)
+
+    def end(self):
+        p = self.profiler
         s = p.cur
-        type(p).end(p)
-        if s is not None and s.kind == "decode":
+        p.end()
+        if self.state == "running" and s is not None and s.kind == "decode":
             self.left -= 1
             if self.left <= 0:
                 self.end_event = s.events[s.n - 1]
                 self.waited = 0
                 self.state = "ending"
-                for name in MARKING + ("end",):
-                    p.__dict__.pop(name, None)
+
+    # the other hooks: the profiler's
+    def draft_step(self, i):
+        self.profiler.draft_step(i)
+
+    def graph(self, which, used, runner=None):
+        self.profiler.graph(which, used, runner)
+
+    def capture_begin(self, runner, bs, variant=None):
+        self.profiler.capture_begin(runner, bs, variant)
+
+    def capture_end(self):
+        self.profiler.capture_end()
+
+    def harvest(self, correct_per_req=None):
+        self.profiler.harvest(correct_per_req)
+
+    def commit_begin(self, reqs):
+        self.profiler.commit_begin(reqs)
+
+    def commit_end(self):
+        self.profiler.commit_end()
+
+    def idle(self):
+        self.profiler.idle()
 
     def _try_stop(self):
         """At a cycle's start once the stretch's last event completed: stop, hand it over."""
         self.waited += 1
+        p = self.profiler
         try:
-            done = self.p.backend.query(self.end_event)
+            done = p.backend.query(self.end_event)
         except Exception:
             done = False
         if not done and self.waited < WAIT_CYCLES:
@@ -169,15 +213,16 @@ class KernelSampler:
         smp["seqs"] = sorted(self.seqs)
         smp["prof"] = prof
         self.samples += 1
-        self.p.items.append(("kernels", smp))
+        p.add_kernel_sample(smp)
 
     def _idle(self):
+        """Done (or skipped, or shut down): the profiler takes the hooks back."""
         self.state = "idle"
         self.sample = None
         self.end_event = None
-        self.p.detail_all = self.p.phases_every == 1
-        for name in ("begin", "end") + MARKING:
-            self.p.__dict__.pop(name, None)
+        p = self.profiler
+        p.every_phase(False)
+        self.swap(self, p)
 
     def shutdown(self):
         """The profiler is replaced (an internal error): leave no torch profiler running."""

@@ -182,6 +182,18 @@ class Profiler(GraphHooks, AcceptHooks, NullProfiler):
         self.open_commit = None
         self.items.append(("resync",))  # the reader lines cycles and acceptance up again
 
+    def every_phase(self, on: bool) -> None:
+        """The kernel sampler's (kernel_sampler.py): from the next cycle, every cycle timed
+        phase by phase (`on`: its sample's, the one made ready at the last end too), or again
+        one in `phases_every`."""
+        self.detail_all = on or self.phases_every == 1
+        if on:
+            self._decide_next(count=False)
+
+    def add_kernel_sample(self, smp: dict) -> None:
+        """A kernel sample the torch profiler recorded, to the folder in order with the cycles."""
+        self.items.append(("kernels", smp))
+
     def close(self):
         """Stop following the garbage collector (the profiler is being replaced)."""
         if self._gc_cb is not None:
