@@ -32,13 +32,16 @@ class ReadOnlyList(list):
         return list, (list(self),)
 
 
+LEAVES = {str, int, float, bool, type(None)}  # kept as they are, without a call
+
+
 def freeze(value):
     """`value` with each dict and list in it (at any depth) a read-only copy; the rest (numbers,
     strings, None; a tuple holds its items' copies) as it is."""
     if isinstance(value, dict):
-        return ReadOnlyDict({k: freeze(v) for k, v in value.items()})
+        return ReadOnlyDict({k: v if type(v) in LEAVES else freeze(v) for k, v in value.items()})
     if isinstance(value, list):
-        return ReadOnlyList([freeze(v) for v in value])
+        return ReadOnlyList([v if type(v) in LEAVES else freeze(v) for v in value])
     if isinstance(value, tuple):
         return tuple(freeze(v) for v in value)
     return value
