@@ -498,8 +498,7 @@ def test_log_table_escapes_control_characters(fake):
     p, b, out = fake
     for _ in range(11):
         run_cycle(p, b, phases=[("draft\x1b[2J", 1.0), ("verify", 6.0)], steps=())
-    w = out[0]
-    w["config"] = dict(w["config"], algorithm="EAGLE3\x1b]0;owned\x07", worker="v2\r")
+    w = dict(out[0], config=dict(out[0]["config"], algorithm="EAGLE3\x1b]0;owned\x07", worker="v2\r"))
     text = format_summary(w)
     assert not any(c in text for c in "\x1b\x07\r")
     assert "    draft\\x1b[2J " in text and "[EAGLE3\\x1b]0;owned\\x07 v2\\x0d steps=3" in text

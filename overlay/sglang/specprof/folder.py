@@ -2,9 +2,9 @@
 
 The profiler's hot path records the events and hands each cycle's slot here (`submit`); a
 reader thread waits for its events, reads them, folds the numbers into the window and
-closes windows (the summary, the advisor); an outputs thread runs the sinks (the log
-table, the JSONL, Prometheus, the rank exchange), so an output that blocks stops nothing
-else.
+closes windows (the summary, the advisor); an outputs thread runs the output pipeline
+(pipeline.py: the rank exchange, then the log table, the JSONL, Prometheus), so an output
+that blocks stops nothing else.
 
 Both threads work while the scheduler's thread waits for the GPU (the `Gate`: the profiler
 opens it where the worker goes to wait, and shuts it where the wait ends), so their Python
@@ -85,7 +85,7 @@ class Folder:
         self.early: list = []  # cycles read before their window opened, added when it does
         self.num_steps = num_steps
         self.window = Window(0)
-        self.on_close = on_close  # called with each closed window's summary (on the outputs thread)
+        self.on_close = on_close  # called with each closed window's summary and its kernel sample (outputs thread)
         self.on_error = on_error  # called with an exception the reading or folding raised
         self.observer = None  # told of each cycle read and each list settled (the cost policy), on this thread
         self.dropped_batches = 0  # windows whose outputs were dropped: the outputs were stuck
@@ -249,6 +249,8 @@ class Folder:
         close, the folding goes on into the next one)."""
         self.reader.close_fields(extra)
         extra["backlog_dropped"] = self.dropped_batches
+        pending = self.reader.kernel_pending  # the oldest sample read rides beside the window (pipeline.py)
+        sample = pending.popleft() if pending else None
         # the next window starts after the last cycle settled here: `interval` lists after the
         # last close, or fewer when it closed idle
         self.window_end = self.reader.decode_settled + self.interval
@@ -259,11 +261,11 @@ class Folder:
         self.early.clear()
         if self._out is None:
             if self.on_close is not None:
-                self.on_close(self._summary(closed, extra))
+                self.on_close(self._summary(closed, extra), sample)
         elif self._out.qsize() >= BACKLOG:  # the outputs are stuck (a blocked file): never grow
             self.dropped_batches += 1
         else:
-            self._out.put((closed, extra))
+            self._out.put((closed, extra, sample))
 
     def _summary(self, window, extra: dict) -> dict:
         summary = window.summary(self.num_steps, self.pause)
@@ -287,9 +289,10 @@ class Folder:
             if not self._urgent:
                 self.gate.wait()
             try:
-                summary = self._summary(*item)
+                closed, extra, sample = item
+                summary = self._summary(closed, extra)
                 if self.on_close is not None:
-                    self.on_close(summary)
+                    self.on_close(summary, sample)
             except Exception as e:
                 if self.on_error is not None:
                     self.on_error(e)

@@ -30,7 +30,8 @@ from .folder import Folder
 from .graphs import DraftGraphs, GraphHooks
 from .null import NullProfiler
 from .reader import Reader, Slot, batch_state, waiting_requests
-from .sinks import Advice, LogTableSink, Outputs, RankSpreadSink
+from .pipeline import Outputs
+from .sinks import Advice, LogTableSink
 
 logger = logging.getLogger("sglang.specprof")
 
@@ -101,9 +102,8 @@ class Profiler(GraphHooks, AcceptHooks, NullProfiler):
         self.folder = Folder(self.reader, interval, self.config.get("num_steps"), on_error=self._fail,
                              threaded=threaded)
         given = [] if sink is None else list(sink) if isinstance(sink, (list, tuple)) else [sink]
-        sinks = ([RankSpreadSink(exchange, rank)] if exchange is not None else []) + (
-            [LogTableSink(self.folder.pause, advice or Advice())] if log_table else []) + given
-        self.outputs = Outputs(sinks, self.folder.pause, self.folder.pause_turn)
+        sinks = ([LogTableSink(self.folder.pause, advice or Advice())] if log_table else []) + given
+        self.outputs = Outputs(sinks, self.folder.pause, self.folder.pause_turn, exchange, rank)
         self.folder.on_close = self.outputs.publish
         self.gate = self.folder.gate
         # where the worker goes to wait for the GPU (the gate opens) and where the wait ends

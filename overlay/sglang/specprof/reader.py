@@ -332,8 +332,6 @@ class Reader:
         extra["dropped_cycles"] = extra.pop("dropped") + self.dropped
         extra["steps_lost"] = self.graphs.lost
         extra["totals"] = self.totals(extra.pop("tokens"))
-        if self.kernel_pending:
-            extra["_kernel_sample"] = self.kernel_pending.popleft()
         if self.kernels is not None:
             extra["kernel_samples"] = {"taken": self.kernels.samples, "skipped": self.kernels.skipped}
 
