@@ -171,7 +171,11 @@ def published(paths: list[str]) -> dict:
 
 
 def publish(paths: list[str], out: str = ERROR_FILE) -> dict:
-    data = published(paths)
+    return write_published(published(paths), out)
+
+
+def write_published(data: dict, out: str = ERROR_FILE) -> dict:
+    """`data` (what advisor_error.json holds) written to `out`, and a line for each load."""
     write_json(out, data)
     for c, e in data["by_concurrency"].items():
         print(f"published to {out}: at {c} concurrent within {100 * e['max_abs_error']:.1f}% "

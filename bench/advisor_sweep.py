@@ -93,16 +93,12 @@ def judge(advice: dict, measured: dict[int, float], spread: float, k: int) -> di
             "noise": round(spread, 4)}
 
 
-def bucket_rates(windows: list[dict], steps: list[int]) -> dict[int, dict[str, float]]:
+def bucket_rates(cuts: dict[int, dict]) -> dict[int, dict[str, float]]:
     """{step count: {bucket: tokens/s}}: each static run's decode cycles by batch size, from the
-    sweep server's own profile (its GPU time alone: no prefill, no ramp up or down)."""
-    from sglang_specprof import report
-
-    out = {}
-    for s in steps:
-        buckets = report.summarize(as_static(windows, s))["buckets"]
-        out[s] = {b: v["tokens_per_s"] for b, v in buckets.items() if v.get("cycles") and v.get("tokens_per_s")}
-    return out
+    sweep server's own profile cut to that step count (`cuts`: {step count: its summary}; its
+    GPU time alone: no prefill, no ramp up or down)."""
+    return {s: {b: v["tokens_per_s"] for b, v in summary["buckets"].items() if v.get("cycles") and v.get("tokens_per_s")}
+            for s, summary in cuts.items()}
 
 
 def analyse_mean(result: dict, windows: list[dict], profiled: list[int], static: list[dict] | None = None) -> dict:
@@ -119,16 +115,18 @@ def analyse_mean(result: dict, windows: list[dict], profiled: list[int], static:
     from sglang_specprof import report
     from sglang_specprof.window import bucket_of
 
-    sources = [(f"profiled at {k}", k, lambda k=k: report.summarize(as_static(windows, k))) for k in profiled]
+    steps = sorted({int(m) for runs in result["runs"].values() for m in runs if m.isdigit()})
+    cuts = {s: report.summarize(as_static(windows, s)) for s in sorted(set(steps) | set(profiled))}
+    sources = [(f"profiled at {k}", k, cuts[k]) for k in profiled]
     if static:
         k = (static[0].get("config") or {}).get("num_steps")
-        kview = report.summarize(static)["kernel_points"]
-        sources.append((f"static server at {k}", k, lambda: report.summarize(static)))
-        sources.append((f"profiled at {k} with the kernel view", k,
-                        lambda k=k: dict(report.summarize(as_static(windows, k)), kernel_points=kview)))
-    advice = {}
-    steps = sorted({int(m) for runs in result["runs"].values() for m in runs if m.isdigit()})
-    by_bucket = bucket_rates(windows, steps)
+        own = report.summarize(static)
+        sources.append((f"static server at {k}", k, own))
+        if k in cuts:
+            sources.append((f"profiled at {k} with the kernel view", k,
+                            dict(cuts[k], kernel_points=own["kernel_points"])))
+    advice = {name: report.advise(summary) for name, _, summary in sources}
+    by_bucket = bucket_rates({s: cuts[s] for s in steps})
     out = {}
     for ld, runs in result["runs"].items():
         if not ld.startswith("c"):
@@ -143,9 +141,7 @@ def analyse_mean(result: dict, windows: list[dict], profiled: list[int], static:
         truths = {"clients": {s: statistics.median(xs) for s, xs in statics.items()},
                   "profile": {s: statistics.median(xs) for s, xs in decode.items()},
                   "bucket": {s: r[bucket] for s, r in by_bucket.items() if bucket in r}}
-        for name, k, summary in sources:
-            if name not in advice:
-                advice[name] = report.advise(summary())
+        for name, k, _ in sources:
             adv = advice[name].get(bucket)
             row = out.setdefault(f"{ld} {name}", {"bucket": bucket, "medians": {}, "judged": {}})
             for by, med in truths.items():
@@ -208,7 +204,6 @@ def published(res: dict, name: str, readings=PUBLISHED_READINGS, truth: str = "c
     for each load, the largest and the median |error| of the predictions relative to the
     profiled setting, over every mean and each reading in `readings`, against the `truth`
     medians (the clients')."""
-    path = name
     pooled: dict = {}
     sweeps = []
     for mean, m in res["means"].items():
@@ -221,11 +216,11 @@ def published(res: dict, name: str, readings=PUBLISHED_READINGS, truth: str = "c
             pooled.setdefault(int(ld[1:]), {"errors": [], "rounds": []})
             pooled[int(ld[1:])]["errors"] += errs
             pooled[int(ld[1:])]["rounds"].append(m["rounds"])
-        sweeps.append({"results": os.path.basename(path), "release": m.get("sglang"), "date": m.get("date"),
+        sweeps.append({"results": name, "release": m.get("sglang"), "date": m.get("date"),
                        "command": m.get("command"), "simulated_acceptance_mean": float(mean),
                        "readings": list(readings), "rounds": m["rounds"], "machine": m.get("machine")})
     if not pooled:
-        raise SystemExit(f"{path}: no load with predictions judged against the {truth}' medians to publish")
+        raise SystemExit(f"{name}: no load with predictions judged against the {truth}' medians to publish")
     by = {str(c): {"max_abs_error": round(max(v["errors"]), 4),
                    "median_abs_error": round(statistics.median(v["errors"]), 4),
                    "predictions": len(v["errors"]), "rounds": min(v["rounds"])} for c, v in sorted(pooled.items())}
@@ -234,7 +229,7 @@ def published(res: dict, name: str, readings=PUBLISHED_READINGS, truth: str = "c
                     "tokens/s relative to the profiled setting's against the same ratio of the clients' medians "
                     f"(profiles read at {', '.join(r.split()[-1] for r in readings)} steps, every acceptance mean)",
             "release": ", ".join(dict.fromkeys(str(s["release"]) for s in sweeps)),
-            "date": max(str(s["date"]) for s in sweeps), "results": [os.path.basename(path)],
+            "date": max(str(s["date"]) for s in sweeps), "results": [name],
             "by_concurrency": by, "sweeps": sweeps}
 
 
@@ -252,17 +247,10 @@ def main():
     ap.add_argument("rest", nargs=argparse.REMAINDER, help="-- then closed_loop.py's options")
     a = ap.parse_args()
     if a.publish:
-        from sglang_specprof.measured_error import ERROR_FILE
+        from advisor_check import ERROR_FILE, write_published
 
         with open(a.publish) as f:
-            data = published(json.load(f), os.path.basename(a.publish))
-        out = a.publish_to or ERROR_FILE
-        with open(out, "w") as f:
-            json.dump(data, f, indent=1)
-            f.write("\n")
-        for c, e in data["by_concurrency"].items():
-            print(f"published to {out}: at {c} concurrent within {100 * e['max_abs_error']:.1f}% "
-                  f"(median {100 * e['median_abs_error']:.1f}%, {e['predictions']} predictions)")
+            write_published(published(json.load(f), os.path.basename(a.publish)), a.publish_to or ERROR_FILE)
         return
     if a.analyse:
         res = analyse(a.analyse, a.profiled)

@@ -223,6 +223,7 @@ def main():
     if a.step0_control:
         env["SGLANG_SIMULATE_ACC_TOKEN_MODE"] = "real-draft-token"
     plan = {"spec": (argv, env)}
+    fixed_env = {k: v for k, v in env.items() if k != "SGLANG_SPECPROF_POLICY_FILE"}  # servers not steered
     if a.step0_control:
         ctl_mode = os.path.join(a.logs, "mode-control")
         ctl_argv = [x if x != profile else os.path.join(a.logs, "profile-control.jsonl") for x in argv]
@@ -236,16 +237,15 @@ def main():
     if a.capped_server is not None:
         capped = eagle3_args(target, draft, steps=a.capped_server, topk=1, graph_bs=a.graph_bs, max_tokens=60000)
         plan["capped"] = (capped + ["--speculative-profile", "--speculative-profile-output", capped_profile],
-                          {k: v for k, v in env.items() if k != "SGLANG_SPECPROF_POLICY_FILE"})
+                          fixed_env)
     if a.profiled_server is not None:
         prof = eagle3_args(target, draft, steps=a.profiled_server, topk=1, graph_bs=a.graph_bs, max_tokens=60000)
         plan["profiled"] = (prof + ["--max-running-requests", str(a.max_running), "--speculative-profile",
                                     "--speculative-profile-output", os.path.join(a.logs, "profile-static.jsonl"),
                                     "--speculative-profile-kernels", str(a.profiled_kernels)],
-                            {k: v for k, v in env.items() if k != "SGLANG_SPECPROF_POLICY_FILE"})
+                            fixed_env)
     if a.upstream_server:
-        up_env = {k: v for k, v in env.items() if k != "SGLANG_SPECPROF_POLICY_FILE"}
-        plan["up"] = (common + ["--speculative-adaptive"], dict(up_env, SGLANG_SPECPROF_ZERO_STEP_DECODE="0"))
+        plan["up"] = (common + ["--speculative-adaptive"], dict(fixed_env, SGLANG_SPECPROF_ZERO_STEP_DECODE="0"))
     servers = start_all(plan, a.logs)
     print(f"{len(servers)} servers ready in {time.time() - t0:.0f} s "
           f"({', '.join(f'{n} {s.ready_s} s' for n, s in servers.items())})", flush=True)

@@ -196,12 +196,12 @@ def kernel_points(block: dict | None) -> list[list]:
     steps = block.get("steps") or [None] * len(bss)
     if not isinstance(p, dict) or not p.get("cycles") or not bss or len(steps) != len(bss):
         return []
+    if len(set(steps)) != 1 or any(b is None for b in bss):
+        return []  # a sample across a change of step count: its kernels are not one setting's
     busy = p.get("busy_ms") or {}
     per = max(p["cycles"], 1)
     token_ms = sum(busy.get(c) or 0.0 for c in TOKEN_CLASSES) / per
     attention_ms = (busy.get("attention") or 0.0) / per
-    if len({s for s in steps}) != 1 or any(b is None for b in bss):
-        return []  # a sample across a change of step count: its kernels are not one setting's
     return [[round(sum(bss) / len(bss), 3), round(token_ms, 4), round(attention_ms, 4), len(bss), steps[0]]]
 
 
