@@ -8,7 +8,8 @@
 #       PACK_DIR/NAME.tar.xz
 #   bench/run_detached.sh NAME SCRIPT finish WAIT_S PACK_DIR                   until it ends (WAIT_S
 #       at most), then the pack
-# The bundle: .gpu-bundle/site-$SGLANG_RELEASE.tar.xz (0.5.16 by default; one that holds sglang).
+# The bundle: .gpu-bundle/site-$SGLANG_RELEASE-wheel.tar.xz (bench/repack_bundle.sh) where sent, else
+# .gpu-bundle/site-$SGLANG_RELEASE.tar.xz built --with-sglang, patched --into (0.5.16 by default).
 set -uo pipefail
 name=${1:?NAME}; script=${2:?SCRIPT}
 what=${3:?usage: bench/run_detached.sh NAME SCRIPT start|finish WAIT_S PACK_DIR [args...]}; wait_s=${4:?WAIT_S}
@@ -25,8 +26,15 @@ if [ "$what" = start ]; then
     echo "$script is still running under $root (pid $(cat "$root/pid")): run finish, or end it first"; exit 1
   fi
   rm -rf "$root"; mkdir -p "$root/site" "$root/out" "$root/logs"
-  tar -C "$root/site" -xJf ".gpu-bundle/site-${SGLANG_RELEASE:-0.5.16}.tar.xz" || exit 1
-  python3 build.py -q --sglang "${SGLANG_RELEASE:-0.5.16}" --into "$root/site" || exit 1
+  rel=${SGLANG_RELEASE:-0.5.16}
+  if [ -f ".gpu-bundle/site-$rel-wheel.tar.xz" ]; then  # bench/repack_bundle.sh: the built wheel inside
+    tar -C "$root/site" -xJf ".gpu-bundle/site-$rel-wheel.tar.xz" || exit 1
+    cp overlay/sglang/specprof/*.py "$root/site/sglang/specprof/" && rm -rf "$root/site/sglang_specprof" \
+      && cp -r overlay/sglang_specprof "$root/site/" || exit 1
+  else
+    tar -C "$root/site" -xJf ".gpu-bundle/site-$rel.tar.xz" || exit 1
+    python3 build.py -q --sglang "$rel" --into "$root/site" || exit 1
+  fi
   echo "patched in $(( $(date +%s) - t0 )) s"
   PYTHONPATH=$root/site PYTHONUNBUFFERED=1 setsid nohup python3 "$script" --out "$root/out" \
     --logs "$root/logs" "$@" > "$root/bench.log" 2>&1 < /dev/null &

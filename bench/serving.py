@@ -266,13 +266,16 @@ def pin_schedulers(servers):
     return own
 
 
-def start_all(plan, log_dir, first_port=31000, mem_fraction=0.88, timeout=600, cpus=None):
+def start_all(plan, log_dir, first_port=31000, mem_fraction=0.88, timeout=600, cpus=None, together=False):
     """Start the servers of `plan` ({name: (argv, env)}) side by side on one GPU.
 
     Each starts once the one before has allocated its KV pool; their CUDA graph captures,
     the slow part, overlap. Every server may use `mem_fraction` of the GPU counting what
     the others already hold, and its KV pool is bounded by --max-total-tokens. `cpus`
-    ('A-B'): each server's processes pinned to its own share of those CPUs."""
+    ('A-B'): each server's processes pinned to its own share of those CPUs. `together`: the
+    first server alone until it is ready (its kernels compiled into the shared triton
+    cache), then all the others at once (small models: each takes about 50 s to reach its
+    KV pool, serially minutes)."""
     servers = {}
     sets = split_cpus(cpus, len(plan)) if cpus else [None] * len(plan)
     deadline = time.time() + timeout
@@ -280,7 +283,10 @@ def start_all(plan, log_dir, first_port=31000, mem_fraction=0.88, timeout=600, c
         for i, (name, (argv, env)) in enumerate(plan.items()):
             servers[name] = Server(name, first_port + i, argv + ["--mem-fraction-static", str(mem_fraction)],
                                    env, log_dir, sets[i])
-            servers[name].wait_log(MEMORY_TAKEN, deadline)
+            if together and i == 0:
+                servers[name].wait_ready(deadline)
+            elif not together:
+                servers[name].wait_log(MEMORY_TAKEN, deadline)
         for s in servers.values():
             s.wait_ready(deadline)
     except BaseException:

@@ -35,8 +35,9 @@ PREFILL_MS = 2.0  # a request's prefill (its 64 prompt tokens)
 
 
 class Engine:
-    def __init__(self, steps, acc, profiler, backend, seed):
-        self.steps, self.acc = steps, acc
+    def __init__(self, steps, acc, profiler, backend, seed, topk=1, draft_tokens=None):
+        self.steps, self.acc, self.topk = steps, acc, topk
+        self.draft_tokens = draft_tokens or steps + 1
         self.p, self.b = profiler, backend
         self.rng = random.Random(seed)
         self.lock = threading.Condition()
@@ -67,7 +68,7 @@ class Engine:
                 self.sleep_out(self.prefill(len(new)))
                 for job in new:
                     job[3] = True
-            bs, tokens = len(batch), len(batch) * (self.steps + 1)
+            bs, tokens = len(batch), len(batch) * self.draft_tokens
             ctx = sum(64 + job[1] for job in batch)
             length = self.accept_length()
             self.sleep_out(self.cycle(bs, tokens, ctx, length))
@@ -103,10 +104,11 @@ class Engine:
         for name in ("draft_prep", "draft", "tree", "verify", "accept", "draft_extend"):
             if name == "draft":
                 self.launched = time.perf_counter()  # the draft's launch: the GPU has work from here
+                step_ms = STEP_MS * (1 + 0.25 * (self.topk - 1))  # a wider tree drafts more tokens a step
                 for i in range(self.steps):
                     p.draft_step(i)
-                    b.advance(STEP_MS)
-                    total += STEP_MS
+                    b.advance(step_ms)
+                    total += step_ms
                 p.draft_step(self.steps)
             else:
                 ms = COST[name](tokens)
@@ -136,9 +138,11 @@ def main():
     if a.speculative_profile:
         sinks = [JsonlSink(a.speculative_profile_output)] if a.speculative_profile_output else []
         profiler = Profiler(backend, interval=a.speculative_profile_interval, sink=sinks,
-                            log_table=False, config={"algorithm": "EAGLE3", "num_steps": steps, "topk": 1,
-                                                     "draft_tokens": steps + 1})
-    engine = Engine(steps, float(os.environ.get("SGLANG_SIMULATE_ACC_LEN", "1")), profiler, backend, a.port)
+                            log_table=False, config={"algorithm": "EAGLE3", "num_steps": steps,
+                                                     "topk": a.speculative_eagle_topk,
+                                                     "num_draft_tokens": a.speculative_num_draft_tokens or steps + 1})
+    engine = Engine(steps, float(os.environ.get("SGLANG_SIMULATE_ACC_LEN", "1")), profiler, backend, a.port,
+                    a.speculative_eagle_topk, a.speculative_num_draft_tokens)
     threading.Thread(target=engine.run, daemon=True).start()
 
     class Handler(BaseHTTPRequestHandler):
