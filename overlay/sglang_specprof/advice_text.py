@@ -66,7 +66,8 @@ def format_advice(adv: dict) -> str:
                      f"beyond the draft positions measured, where acceptance is extrapolated")
     err = error_line(adv.get("last_measured_error"))
     if err:
-        lines.append(f"  {err}" + ("; measured on topk 1 step counts: the trees' predictions have not been checked"
+        lines.append(f"  {err}" + ("; measured on topk 1 step counts: the trees' ranges only against simulated acceptance, "
+                                   "which ignores a tree's shape (docs/report.md, Trees)"
                                    if trees and "unknown" not in adv["last_measured_error"] else ""))
     lines.append("  * beyond the measured draft positions, where acceptance is extrapolated: each further position's "
                  "rate is the one before it times r, the last measured rate over the one before that (r at most 1: "

@@ -13,8 +13,8 @@ from . import window
 from .advice_text import error_line, format_advice, is_profiled, named_setting  # noqa: F401  (advisor's interface)
 from .fit import BOUNDED_AT_ONE_STEP_COUNT, LOCAL_MIN_CYCLES, TokenCurve, fit_verify, local_growth
 from .measured_error import ERROR_FILE, last_error, with_error  # noqa: F401  (advisor's interface)
-from .model import (CENTRAL, DRAFT, DRAFT_EXTEND, HIGH, LOW, VERIFY, Growth, Inputs, acceptance,  # noqa: F401
-                    cycle_ms, expected_tokens, measured_positions, setting)
+from .model import (CENTRAL, DRAFT, DRAFT_EXTEND, HIGH, HOST_BOUND_SHARE, LOW, VERIFY, Growth, Inputs,  # noqa: F401
+                    acceptance, cycle_ms, expected_tokens, host_bound_cycle, host_waited, measured_positions, setting)
 from .trees import tree_rows
 
 # Algorithms that draft without a draft model (NGRAM matches its drafts in an n-gram cache on
@@ -56,10 +56,18 @@ def predict(inp: Inputs, ks=range(1, 9)) -> dict | None:
             d_c, d_lo, d_hi = curve.delta(inp.batch * inp.verified(), inp.batch * (k + 1))
             central_t = cycle_ms(inp, k, 0.0, verify_delta=d_c) * scale
             ends = [cycle_ms(inp, k, 0.0, verify_delta=d) * scale for d in (d_lo, d_hi)]
+        elif inp.topk > 1:  # a chain from a tree: its draft steps and width-bound work from flat to its share
+            narrow = min((k + 1) / inp.verified(), 1.0)
+            widths = (1.0, narrow)
+            central_t = cycle_ms(inp, k, g.per_token, step_share=sum(shares) / 2, width=sum(widths) / 2) * scale
+            ends = [cycle_ms(inp, k, pt, step_share=sh, width=w) * scale
+                    for pt in (g.low, g.high) for sh in shares for w in widths]
         else:
             central_t = cycle_ms(inp, k, g.per_token) * scale
             ends = [cycle_ms(inp, k, pt, step_share=sh) * scale for pt in (g.low, g.high) for sh in shares]
         t_lo, t_hi = min(ends), max(ends)
+        if k != K:
+            central_t, t_lo, t_hi = host_bound_cycle(inp, model_K * scale, central_t, t_lo, t_hi)
         if not (central_t > 0 and t_lo > 0):
             continue
         e_c, e_lo, e_hi = (expected_tokens(acceptance(inp, k, which), k) for which in (CENTRAL, LOW, HIGH))
@@ -155,7 +163,15 @@ def inputs_from_bucket(bucket: dict, steps: int, growth: Growth | None = None, c
     if steps == 1:
         notes.append("profiled with 1 step: a draft step is taken to cost what the draft extend does, and the "
                      "acceptance beyond the first position is not measured, so more steps are guessed")
-    inp = Inputs(steps=steps, batch=batch, phases=phases,
+    waited = host_waited({n: (p["gpu_ms"]["mean"], (p.get("host_ms") or {}).get("mean"))
+                          for n, p in bucket["phases"].items()})
+    cycle = sum(phases.values()) + (bucket["between_cycles_gpu_ms"]["mean"] or 0.0)
+    if cycle > 0 and waited >= HOST_BOUND_SHARE * cycle:
+        notes.append(f"host-bound: the GPU ran at the host's pace in phases holding {100 * waited / cycle:.0f}% of the "
+                     f"cycle, so GPU work a setting takes out may leave the GPU waiting on the host instead, and "
+                     f"work it adds may fill such a wait: each range runs from the GPU's figure to the host's (central "
+                     f"halfway for fewer steps)")
+    inp = Inputs(steps=steps, batch=batch, phases=phases, host_waited_ms=waited,
                  between_ms=bucket["between_cycles_gpu_ms"]["mean"] or 0.0,
                  wall_ms=bucket["cycle_wall_ms"]["mean"],
                  step_ms=[s["mean"] or 0.0 for s in bucket["draft_steps_gpu_ms"]],

@@ -43,23 +43,42 @@ class MergedStats:
         self.q = tuple((array("d"), array("d")) for _ in self.QUANTILES)
         self.max = None
 
-    def add(self, s: dict) -> None:
+    def add(self, s: dict) -> tuple | None:
+        """Adds one window's stats; returns what `take_back` needs to take them out again."""
         n = s.get("n") or 0
         self.n += n
         if not n:
-            return
+            return None
         m = s["mean"]
         if m is not None:
             self.wsum += m * n
             self.wtot += n
+        at = []
         for (vs, ns), key in zip(self.q, self.QUANTILES):
             v = s[key]
             if v is not None:
+                at.append(len(vs))
                 vs.append(v)
                 ns.append(n)
+            else:
+                at.append(None)
         mx = s.get("max")
         if mx is not None and (self.max is None or mx > self.max):
             self.max = mx
+        return n, m, at
+
+    def take_back(self, token: tuple | None) -> None:
+        """One window's stats out again (its percentiles weigh nothing; the max stays what it was)."""
+        if token is None:
+            return
+        n, m, at = token
+        self.n -= n
+        if m is not None:
+            self.wsum -= m * n
+            self.wtot -= n
+        for (_, ns), i in zip(self.q, at):
+            if i is not None:
+                ns[i] = 0
 
     def result(self) -> dict:
         out = {"n": self.n, "mean": _r(self.wsum / self.wtot) if self.wtot else None}
@@ -110,8 +129,32 @@ def _sum_into(out: list, xs) -> None:
         out[i] += c
 
 
+# A window's bucket with fewer cycles timed by phase than this cannot judge its own stalls (the
+# p50 it judges them against is theirs: a server's first cycles, compiling kernels for each new
+# shape); it is added, then judged once the profile is read against the other windows' p50.
+FEW_TIMED = 20
+PENDING_MAX = 256  # such windows held at once; past it they are judged on what is known so far
+
+
+def _stalled_phases(b: dict, reference: dict) -> list:
+    """The phases of window bucket `b` that stalled by the server's own rule (bucket.py: host-bound,
+    over STALL_MIN_MS and STALL_TIMES_P50 x the phase's p50 + 0.5 ms), judged on their p50 against
+    `reference` ({phase: p50 of the other windows}) rather than their own."""
+    from .bucket import STALL_HOST_SHARE, STALL_MIN_MS, STALL_TIMES_P50
+
+    out = []
+    for n, p in b["phases"].items():
+        g, h, ref = p["gpu_ms"].get("p50"), p["host_ms"].get("p50"), reference.get(n)
+        if None in (g, h, ref):
+            continue
+        if g > STALL_MIN_MS and h >= STALL_HOST_SHARE * g and g > STALL_TIMES_P50 * ref + 0.5:
+            out.append(n)
+    return out
+
+
 class MergedBucket:
-    """One batch-size bucket of a profile, its windows' buckets added one at a time."""
+    """One batch-size bucket of a profile, its windows' buckets added one at a time. A window's
+    bucket of a few cycles timed by phase is judged for stalls against the others (`FEW_TIMED`)."""
 
     GRAPHS = window.GRAPH_KINDS
 
@@ -135,19 +178,61 @@ class MergedBucket:
         # each window's cycles timed by phase against those timed whole (ms of GPU span)
         self.marks = array("d")
         self.marks_cycles = [0, 0]  # the cycles timed by phase, and whole, of the windows in `marks`
+        self.pending: list = []  # (window bucket, what to take back) of few cycles timed by phase, not yet judged
 
     def add(self, b: dict) -> None:
+        timed = (b.get("phase_cycle_gpu_ms") or b.get("cycle_gpu_ms") or {}).get("n") or 0
+        tokens = self._add(b)
+        if 0 < timed < FEW_TIMED and b.get("phases"):
+            if len(self.pending) >= PENDING_MAX:
+                self._judge_pending()
+            self.pending.append((b, tokens))
+
+    def _judge_pending(self) -> None:
+        """The held window buckets judged against each phase's p50 over the windows that timed it
+        in FEW_TIMED cycles or more: a stalled one keeps its cycles and tokens, and its times go
+        from the phase and cycle figures to `stalled`."""
+        pending, self.pending = self.pending, []
+        if not pending:
+            return
+        reference = {}
+        for n, (g, _) in self.phases.items():
+            vs, ns = g.q[0]
+            long = [(v, c) for v, c in zip(vs, ns) if c >= FEW_TIMED]
+            if long:
+                reference[n] = _wmedian(long)
+        for b, tokens in pending:
+            waited = _stalled_phases(b, reference)
+            if not waited:
+                continue
+            for stats, token in tokens:
+                stats.take_back(token)
+            timed = b.get("phase_cycle_gpu_ms") or b["cycle_gpu_ms"]
+            st = self.stalled
+            st["cycles"] += timed["n"]
+            st["gpu_ms"] += (timed["mean"] or 0.0) * timed["n"]
+            for n in waited:
+                p = b["phases"][n]
+                m = st["phases"].setdefault(n, {"n": 0, "gpu_ms": 0.0, "host_ms": 0.0})
+                m["n"] += p["gpu_ms"]["n"]
+                m["gpu_ms"] += (p["gpu_ms"]["mean"] or 0.0) * p["gpu_ms"]["n"]
+                m["host_ms"] += (p["host_ms"]["mean"] or 0.0) * p["host_ms"]["n"]
+
+    def _add(self, b: dict) -> list:
+        """Adds one window's bucket; returns the (stats, token) pairs of its times, to take back
+        if it turns out to have stalled."""
+        times = []
         self.cycles += b["cycles"]
         self.prefill_cycles += b["prefill_cycles"]
         for n, p in b["phases"].items():
             st = self.phases.get(n)
             if st is None:
                 st = self.phases[n] = (MergedStats(), MergedStats())
-            st[0].add(p["gpu_ms"])
-            st[1].add(p["host_ms"])
-        self.cyc.add(b["cycle_gpu_ms"])
+            times.append((st[0], st[0].add(p["gpu_ms"])))
+            times.append((st[1], st[1].add(p["host_ms"])))
+        times.append((self.cyc, self.cyc.add(b["cycle_gpu_ms"])))
         # the cycles the phases were timed in (all of them before --speculative-profile-phases-every)
-        self.timed.add(b.get("phase_cycle_gpu_ms") or b["cycle_gpu_ms"])
+        times.append((self.timed, self.timed.add(b.get("phase_cycle_gpu_ms") or b["cycle_gpu_ms"])))
         diff = marks_added(b)
         if diff is not None:
             self.marks.append(diff)
@@ -157,7 +242,7 @@ class MergedBucket:
         for i, s in enumerate(b["draft_steps_gpu_ms"]):
             if len(self.steps) <= i:
                 self.steps.append(MergedStats())
-            self.steps[i].add(s)
+            times.append((self.steps[i], self.steps[i].add(s)))
         acc = b["accept"]
         _sum_into(self.hist, acc["histogram"])
         # correct drafts per request, uncut (schema 2); schema 1 had the accept lengths only
@@ -173,10 +258,10 @@ class MergedBucket:
         self.skipped += acc.get("skipped_requests") or 0
         self.cut_requests += acc.get("cut_requests") or 0
         self.cut_tokens += acc.get("cut_tokens") or 0
-        self.wall.add(b["cycle_wall_ms"])
-        self.gap.add(b["between_cycles_gpu_ms"])
+        times.append((self.wall, self.wall.add(b["cycle_wall_ms"])))
+        times.append((self.gap, self.gap.add(b["between_cycles_gpu_ms"])))
         if b.get("cycle_period_gpu_ms"):
-            self.period.add(b["cycle_period_gpu_ms"])
+            times.append((self.period, self.period.add(b["cycle_period_gpu_ms"])))
         if (b.get("context_tokens") or {}).get("n"):
             if self.ctx is None:
                 self.ctx = MergedStats()
@@ -201,8 +286,10 @@ class MergedBucket:
             self.replays[g] += b["graph"]["replays"].get(g, 0)
             self.eager[g] += b["graph"]["eager"].get(g, 0)
         self.padding.append((b["graph"]["padding_mean"], b["cycles"]))
+        return times
 
     def result(self) -> dict:
+        self._judge_pending()
         phases = {n: {"gpu_ms": g.result(), "host_ms": h.result()} for n, (g, h) in self.phases.items()}
         cyc, timed = self.cyc.result(), self.timed.result()
         for p in phases.values():

@@ -64,6 +64,7 @@ class Inputs:
     notes: list[str] = field(default_factory=list)
     draft_tokens: int | None = None  # tokens verified a request at K (--speculative-num-draft-tokens); None: K + 1
     topk: int = 1  # --speculative-eagle-topk at K: above 1, per_position is the tree's acceptance by level
+    host_waited_ms: float = 0.0  # GPU ms of the phases the GPU ran at the host's pace (`host_waited`)
 
     def verified(self) -> int:
         return self.draft_tokens or self.steps + 1
@@ -120,15 +121,28 @@ def acceptance(inp: Inputs, k: int, which: str) -> list[float]:
     return a
 
 
+# Phases a tree's cycle runs that a chain's does not: v1's move of the accepted path's KV to the
+# front (topk > 1 only)
+TREE_ONLY = ("free_kv",)
+# Phases whose work follows the tree's width (its draft tokens a request): the accept (the path's
+# search and, in v2, its KV move), the draft extend over the verified tokens and its outputs
+TREE_WIDTH = ("accept", "draft_extend_post")
+
+
 def cycle_ms(inp: Inputs, k: int, per_token: float, tokens: int | None = None, step_share: float = 1.0,
-             verify_delta: float | None = None) -> float:
+             verify_delta: float | None = None, width: float | None = None) -> float:
     """T(k) with verify growing `per_token` GPU ms per verified token, verifying `tokens` a
     request (topk 1: k + 1), each draft step that runs the draft model costing `step_share`
     of a profiled one (a chain's step drafts one token a request where a tree's drafts topk);
-    `verify_delta`, where given, is verify's change from K to k itself (`fit.TokenCurve`)."""
+    `verify_delta`, where given, is verify's change from K to k itself (`fit.TokenCurve`).
+    `width`, for a chain predicted from a tree: the share of the tree's width-bound work
+    (TREE_WIDTH phases and the draft extend) the chain keeps, its TREE_ONLY phases dropped."""
     K = inp.steps
     ph = inp.phases
-    fixed = sum(v for n, v in ph.items() if n not in (VERIFY, DRAFT, DRAFT_EXTEND)) + inp.between_ms
+    w = 1.0 if width is None else width
+    fixed = sum(v * (w if n in TREE_WIDTH else 1.0) for n, v in ph.items()
+                if n not in (VERIFY, DRAFT, DRAFT_EXTEND) and not (width is not None and n in TREE_ONLY))
+    fixed += inp.between_ms
     # the steps after the first run the draft model (the first reads the inputs); at K = 0 the
     # step times are another bucket's (advisor.advise), all of them its own
     forward_steps = [s for s in inp.step_ms[: max((K if K else len(inp.step_ms)) - 1, 0)]]
@@ -141,9 +155,45 @@ def cycle_ms(inp: Inputs, k: int, per_token: float, tokens: int | None = None, s
     if verify_delta is None:
         verify_delta = per_token * inp.batch * ((k + 1 if tokens is None else tokens) - inp.verified())
     verify = max(base + verify_delta, 0.0)
-    extend = ph.get(DRAFT_EXTEND, 0.0) * (verify / base if base > 0 else 1.0)
+    extend = ph.get(DRAFT_EXTEND, 0.0) * (verify / base if base > 0 else 1.0) * w
     return fixed + draft + verify + extend
 
+
+
+# A phase whose host time is at least this share of its GPU span ran at the host's pace: the GPU
+# waited on the host's launches (bucket.py judges stalls by the same share)
+HOST_PACED = 0.8
+# Where such phases hold more than this share of the profiled cycle, the cycle is host-bound: GPU
+# work taken out may leave the GPU waiting on the host instead, and work added may fill a wait.
+# Measured: an 8B-shaped pair 0.01-0.05 on an H100, 0.10-0.12 at one request on an H200 (where
+# the advisor's plain figures held within 5%); a 1B-shaped one 0.13-0.44 on an H100 (where they
+# were up to 17% off at one step)
+HOST_BOUND_SHARE = 0.125
+
+
+def host_waited(phases: dict) -> float:
+    """GPU ms of the phases ({name: (gpu mean, host mean)}) that ran at the host's pace."""
+    return sum(g for g, h in phases.values() if g and h is not None and h >= HOST_PACED * g)
+
+
+def host_bound_cycle(inp: "Inputs", profiled_ms: float, central: float, low: float, high: float) -> tuple:
+    """(central, low, high) cycle ms at another setting, where the profiled cycle (`profiled_ms`,
+    as measured) is host-bound: GPU work saved saves from all of it to none (the host's own time
+    then holds the cycle at the profiled one), GPU work added costs from all of it to what the
+    GPU's waits on the host absorb. Central: halfway for work saved; for work added, all of it (the
+    cycle is then the GPU's, above the host's: the 1B-shaped sweeps measured 5 steps against 3
+    costing most of what the GPU added). Unchanged where the cycle is not host-bound."""
+    waited = inp.host_waited_ms * (profiled_ms / max(_gpu_cycle(inp), 1e-9))
+    if not profiled_ms or waited < HOST_BOUND_SHARE * profiled_ms:
+        return central, low, high
+    if central < profiled_ms:
+        return (central + profiled_ms) / 2, low, max(high, profiled_ms)
+    floor = max(profiled_ms, central - waited)
+    return central, min(low, floor), high
+
+
+def _gpu_cycle(inp: "Inputs") -> float:
+    return sum(inp.phases.values()) + inp.between_ms
 
 
 def setting(r: dict, topk: int = 1) -> dict:
