@@ -75,6 +75,7 @@ def predict(inp: Inputs, ks=range(1, 9)) -> dict | None:
         rows.append({
             "steps": k, "draft_tokens": k + 1,
             "expected_tokens": round(e_c, 4),
+            "expected_range": [round(min(e_lo, e_c), 4), round(max(e_hi, e_c), 4)],
             "cycle_ms": round(central_t, 4),
             "tokens_per_s": round(tok(e_c, central_t), 2),
             "low": round(tok(e_lo, t_hi), 2),
