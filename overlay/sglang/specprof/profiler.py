@@ -5,7 +5,8 @@ A cycle is a sequence of marks. `begin(kind, bs)` records the first event, each
 this one), `end()` queues the cycle. The events are read on the folder's reader thread
 once `query()` says the last one completed (reader.py), so no synchronisation is added;
 acceptance comes in at `harvest()` and, on v2, the scheduler's commit, which says how many
-tokens each request took.
+tokens each request took; each cycle's acceptance settles in `Settlement` (settlement.py),
+which alone decides where the window ends and queues its close record behind the cycles.
 
 Draft steps inside a captured CUDA graph are timed by external events recorded during
 capture (`draft_step(i)`, graphs.py); the replay's hooks (`draft_replay_begin` / `_end`)
@@ -17,7 +18,6 @@ the tests); this module imports neither torch nor SGLang.
 
 from __future__ import annotations
 
-import gc
 import logging
 import time
 from collections import deque
@@ -26,6 +26,7 @@ from sglang_specprof.window import GRAPH_KINDS
 
 from .accept import AcceptHooks
 from .folder import Folder
+from .gc_pauses import GcPauses
 from .graphs import DraftGraphs, GraphHooks
 from .null import NullProfiler
 from .reader import Reader, Slot, batch_state, waiting_requests
@@ -53,7 +54,8 @@ HAND_OVER_INLINE_POLICY = 2
 
 class Profiler(GraphHooks, AcceptHooks, NullProfiler):
     """The hooks with --speculative-profile on: the cycle's marks here, the draft graphs'
-    hooks in graphs.py, the acceptance hooks in accept.py."""
+    hooks in graphs.py, the acceptance hooks in accept.py; its parts, held as attributes:
+    `settlement` (where the window ends), `graphs`, `reader`, `folder`, `outputs`, `gc_pauses`."""
 
     enabled = True
 
@@ -124,8 +126,7 @@ class Profiler(GraphHooks, AcceptHooks, NullProfiler):
         self.adaptive = bool(self.config.get("adaptive"))
         self.policy = None  # the cost policy (policy.py), when it chooses the step counts
         self._switch_next = False  # the next decode cycle's slot is the first after a switch
-        self._gc_t0 = None
-        self._gc_cb = None
+        self.gc_pauses = GcPauses(self)  # the collector's pauses inside each cycle, once followed
         # where the open window ends (settlement.py); each decode cycle's acceptance settles
         # there, through the bound method the acceptance hooks call
         self.settlement = st = Settlement(self, interval, self.adaptive)
@@ -143,25 +144,13 @@ class Profiler(GraphHooks, AcceptHooks, NullProfiler):
     window_decode = property(lambda self: self.settlement.window_decode)
     last_steps = property(lambda self: self.settlement.last_steps)
     switches = property(lambda self: self.settlement.switches)
+    _gc_cb = property(lambda self: self.gc_pauses.cb)
+    _on_gc = property(lambda self: self.gc_pauses.on_gc)
 
     def follow_gc(self):
         """Time the garbage collector's pauses of the host inside each cycle (the server's
         profiler does; they are where the device can sit waiting on the host)."""
-        if self._gc_cb is None:
-            self._gc_cb = self._on_gc
-            gc.callbacks.append(self._gc_cb)
-
-    def _on_gc(self, phase, info):
-        try:
-            if phase == "start":
-                self._gc_t0 = self.clock()
-            elif self._gc_t0 is not None:
-                s = self.cur
-                if s is not None:
-                    s.gc_ms += (self.clock() - self._gc_t0) * 1000.0
-                self._gc_t0 = None
-        except Exception:
-            pass
+        self.gc_pauses.follow()
 
     def resume(self):
         """After a pause (hooks.PAUSE_SIGNAL_ENV): what was open when it began is dropped, the
@@ -187,12 +176,7 @@ class Profiler(GraphHooks, AcceptHooks, NullProfiler):
 
     def close(self):
         """Stop following the garbage collector (the profiler is being replaced)."""
-        if self._gc_cb is not None:
-            try:
-                gc.callbacks.remove(self._gc_cb)
-            except ValueError:
-                pass
-            self._gc_cb = None
+        self.gc_pauses.stop()
 
     def behind(self) -> bool:
         """Few free slots left: the reader must catch up whatever the scheduler does."""
