@@ -3,7 +3,9 @@
 A part of `Profiler` (profiler.py): v1 counts a cycle's correct drafts where they reach the
 CPU (`harvest`), its verify having cut each request at its stop; v2 hands every request of
 the batch there, and the scheduler's commit (`commit_begin` / `commit_end`) says how many
-tokens reached each request, which is what the clients receive.
+tokens reached each request, which is what the clients receive. Each cycle's lists settle
+in the profiler's settlement (`_add_accept` is `Settlement.settle`, settlement.py), which
+counts the tokens and closes the window at its interval.
 """
 
 from __future__ import annotations
@@ -35,23 +37,6 @@ class AcceptHooks:
                 self._add_accept(correct)
         except Exception as e:
             self._fail(e)
-
-    def _add_accept(self, correct, committed=None, skipped=0):
-        """`correct`: correct drafts of each request that took the cycle's tokens; `committed`:
-        the tokens each of them got (correct + 1 unless cut at a stop)."""
-        if committed is None:
-            committed = [c + 1 for c in correct]
-        t = self.tokens
-        got = sum(committed)
-        t["committed_tokens"] += got
-        t["verified_requests"] += len(correct)
-        t["skipped_requests"] += skipped
-        t["cut_tokens"] += sum(correct) + len(correct) - got
-        self.items.append(("accept", correct, committed, skipped))
-        # each list settles one decode cycle: a window closes after its `interval`-th
-        self.window_decode += 1
-        if self.window_decode >= self.interval:
-            self._close_window()
 
     def commit_begin(self, reqs):
         """v2, in the scheduler, before it appends the cycle's tokens to each request: which

@@ -5,7 +5,8 @@ A cycle is a sequence of marks. `begin(kind, bs)` records the first event, each
 this one), `end()` queues the cycle. The events are read on the folder's reader thread
 once `query()` says the last one completed (reader.py), so no synchronisation is added;
 acceptance comes in at `harvest()` and, on v2, the scheduler's commit, which says how many
-tokens each request took.
+tokens each request took; each cycle's acceptance settles in `Settlement` (settlement.py),
+which alone decides where the window ends and queues its close record behind the cycles.
 
 Draft steps inside a captured CUDA graph are timed by external events recorded during
 capture (`draft_step(i)`, graphs.py); the replay's hooks (`draft_replay_begin` / `_end`)
@@ -17,20 +18,20 @@ the tests); this module imports neither torch nor SGLang.
 
 from __future__ import annotations
 
-import gc
 import logging
 import time
 from collections import deque
 
-from sglang_specprof.schema import SCHEMA
 from sglang_specprof.window import GRAPH_KINDS
 
 from .accept import AcceptHooks
 from .folder import Folder
+from .gc_pauses import GcPauses
 from .graphs import DraftGraphs, GraphHooks
 from .null import NullProfiler
 from .reader import Reader, Slot, batch_state, waiting_requests
 from .pipeline import Outputs
+from .settlement import IDLE_CLOSE_S, SWITCHES_KEPT, Settlement  # noqa: F401 (the names tests and benches import)
 from .sinks import Advice, LogTableSink
 
 logger = logging.getLogger("sglang.specprof")
@@ -49,18 +50,12 @@ HAND_OVER = 128
 HAND_OVER_POLICY = 16
 HAND_OVER_INLINE = 32
 HAND_OVER_INLINE_POLICY = 2
-# A window holding decode cycles closes after the server sat fully idle this long. Not 1 s:
-# with --sleep-on-idle upstream's idle housekeeping runs once a second (its poll's timeout),
-# so a threshold of 1 s falls where the calls do, and under tensor parallelism (whose ranks
-# loop in step) one rank could close at a call where another does not; here each rank
-# closes at the third call, 2 s in, half a second past the threshold.
-IDLE_CLOSE_S = 1.5
-SWITCHES_KEPT = 256  # step-count changes a window keeps (--speculative-adaptive); beyond, counted
 
 
 class Profiler(GraphHooks, AcceptHooks, NullProfiler):
     """The hooks with --speculative-profile on: the cycle's marks here, the draft graphs'
-    hooks in graphs.py, the acceptance hooks in accept.py."""
+    hooks in graphs.py, the acceptance hooks in accept.py; its parts, held as attributes:
+    `settlement` (where the window ends), `graphs`, `reader`, `folder`, `outputs`, `gc_pauses`."""
 
     enabled = True
 
@@ -117,9 +112,6 @@ class Profiler(GraphHooks, AcceptHooks, NullProfiler):
         self.hand_over = (HAND_OVER_POLICY if adaptive else HAND_OVER) if self.folder.reading_thread else (
             HAND_OVER_INLINE_POLICY if adaptive else HAND_OVER_INLINE)
         self.items: list = []
-        self.window_index = 0  # windows handed to the folder to close
-        self.window_decode = 0  # decode cycles settled into the open window
-        self._idle_seen = None  # (window, decode cycles in it, host time) where `idle` last found it
         self.dropped = 0  # cycles not timed: no free slot (events that do not complete)
         self.marks_lost = 0  # phase or step marks past a cycle's room (never expected; counted, shown)
         # v2 (and a server without speculation): acceptance is settled against the requests
@@ -130,20 +122,16 @@ class Profiler(GraphHooks, AcceptHooks, NullProfiler):
         self.uncut_cycles = 0  # v2 cycles counted without their commit (a hook not reached): counted as verified
         self.eager = dict.fromkeys(GRAPH_KINDS, 0)
         # --speculative-adaptive: each decode cycle's step count keys its bucket ("5-8@2"), and
-        # each change of it between decode cycles is kept for the window (which batch size,
-        # from and to, when); SWITCHES_KEPT a window at most, the rest counted
+        # each change of it between decode cycles is kept for the window (Settlement.switched)
         self.adaptive = bool(self.config.get("adaptive"))
         self.policy = None  # the cost policy (policy.py), when it chooses the step counts
-        self.last_steps = None
-        self.switches: list = []
-        self.switches_over = 0
         self._switch_next = False  # the next decode cycle's slot is the first after a switch
-        self._gc_t0 = None
-        self._gc_cb = None
-        # The tokens since start, counted on this thread where they are committed, so that
-        # any two reads of /server_info give the exact totals between them (the cycles and
-        # their GPU time are the reader's).
-        self.tokens = {"committed_tokens": 0, "verified_requests": 0, "skipped_requests": 0, "cut_tokens": 0}
+        self.gc_pauses = GcPauses(self)  # the collector's pauses inside each cycle, once followed
+        # where the open window ends (settlement.py); each decode cycle's acceptance settles
+        # there, through the bound method the acceptance hooks call
+        self.settlement = st = Settlement(self, interval, self.adaptive)
+        self._add_accept = st.settle
+        self.tokens = st.tokens
 
     # the parts' figures, under the names the tests, the hooks and the sampler read;
     # kernels: --speculative-profile-kernels' sampler (kernel_sampler.KernelSampler), or None
@@ -152,25 +140,17 @@ class Profiler(GraphHooks, AcceptHooks, NullProfiler):
     read_dropped = property(lambda self: self.reader.dropped)
     steps_lost = property(lambda self: self.graphs.lost)
     capture_s = property(lambda self: self.graphs.capture_s)
+    window_index = property(lambda self: self.settlement.window_index)
+    window_decode = property(lambda self: self.settlement.window_decode)
+    last_steps = property(lambda self: self.settlement.last_steps)
+    switches = property(lambda self: self.settlement.switches)
+    _gc_cb = property(lambda self: self.gc_pauses.cb)
+    _on_gc = property(lambda self: self.gc_pauses.on_gc)
 
     def follow_gc(self):
         """Time the garbage collector's pauses of the host inside each cycle (the server's
         profiler does; they are where the device can sit waiting on the host)."""
-        if self._gc_cb is None:
-            self._gc_cb = self._on_gc
-            gc.callbacks.append(self._gc_cb)
-
-    def _on_gc(self, phase, info):
-        try:
-            if phase == "start":
-                self._gc_t0 = self.clock()
-            elif self._gc_t0 is not None:
-                s = self.cur
-                if s is not None:
-                    s.gc_ms += (self.clock() - self._gc_t0) * 1000.0
-                self._gc_t0 = None
-        except Exception:
-            pass
+        self.gc_pauses.follow()
 
     def resume(self):
         """After a pause (hooks.PAUSE_SIGNAL_ENV): what was open when it began is dropped, the
@@ -196,12 +176,7 @@ class Profiler(GraphHooks, AcceptHooks, NullProfiler):
 
     def close(self):
         """Stop following the garbage collector (the profiler is being replaced)."""
-        if self._gc_cb is not None:
-            try:
-                gc.callbacks.remove(self._gc_cb)
-            except ValueError:
-                pass
-            self._gc_cb = None
+        self.gc_pauses.stop()
 
     def behind(self) -> bool:
         """Few free slots left: the reader must catch up whatever the scheduler does."""
@@ -293,8 +268,10 @@ class Profiler(GraphHooks, AcceptHooks, NullProfiler):
                 self.cur = None
             if not self.adaptive:
                 steps = None
-            elif kind == "decode" and steps != self.last_steps:
-                self._switch_next = self._switched(bs, steps)
+            elif kind == "decode":
+                st = self.settlement
+                if steps != st.last_steps:
+                    self._switch_next = st.switched(bs, steps)
             s = self._take_ready()
             if s is not None:  # made ready for a decode cycle; this one takes it, and its number
                 s.detail = True
@@ -446,17 +423,6 @@ class Profiler(GraphHooks, AcceptHooks, NullProfiler):
         if self.open_at_end:
             self.gate.open()
 
-    def _switched(self, bs, steps) -> bool:
-        """The step count changed between decode cycles: kept for the window; True but for the first."""
-        old, self.last_steps = self.last_steps, steps
-        if old is None:
-            return False
-        if len(self.switches) < SWITCHES_KEPT:
-            self.switches.append({"t_s": round(self.clock(), 6), "bs": bs, "from": old, "to": steps})
-        else:
-            self.switches_over += 1
-        return True
-
     def _record(self, s, name):
         n = s.n
         if n == len(s.events):
@@ -473,60 +439,23 @@ class Profiler(GraphHooks, AcceptHooks, NullProfiler):
         s.names[n] = name
         s.n = n + 1
 
-    def _close_window(self, idle=False):
-        """O(1) here: the window's fields that live on this thread go with the last items to
-        the folder, which closes the window and hands it to the outputs. `idle`: closed by
-        `idle`, with fewer decode cycles than the interval."""
-        self.items.append(("close", {
-            "schema": SCHEMA,
-            "rank": self.rank,
-            "time": round(time.time(), 3),
-            "config": self.config,
-            "graphs": {"draft_replays": self.graphs.total_replays(), "steps_read_late": self.graphs.read_late,
-                       "eager": dict(self.eager),
-                       "capture_s": {k: dict(v) for k, v in self.graphs.capture_s.items()}},
-            "marks_lost": self.marks_lost,
-            "uncut_cycles": self.uncut_cycles,
-            "closed_idle": idle,
-            "dropped": self.dropped,
-            "tokens": dict(self.tokens),
-            **({"adaptive": {"steps": self.last_steps, "switches": self.switches,
-                             "switches_not_kept": self.switches_over,
-                             "policy": None if self.policy is None else self.policy.state()}}
-               if self.adaptive else {}),
-        }))
-        if self.adaptive:
-            self.switches = []
-            self.switches_over = 0
+    def window_closed(self, index):
+        """The settlement queued window `index`'s close: the items go to the folder, and the
+        next window times each batch size's first cycle by phase; the kernel sampler hears it."""
         self._hand_over()
-        self._detail_seen.clear()  # each batch size's first cycle in the next window: timed by phase
+        self._detail_seen.clear()
         self._decide_next()  # the slot made ready at the last end, for the next window
         k = self.reader.kernels
         if k is not None:
-            k.window_closed(self.window_index)
-        self.window_index += 1
-        self.window_decode = 0
+            k.window_closed(index)
 
     def idle(self):
         """Upstream's idle housekeeping (the scheduler has no batch to run; called before
         upstream's own guard, about once a second with --sleep-on-idle, or on every loop
-        without): once no decode cycle has settled for IDLE_CLOSE_S, the open window closes
-        with the cycles it has, so that what ran before a pause (or before a shutdown: the
-        scheduler is killed, nothing flushes then) is in the outputs and the JSONL instead of
-        waiting for the traffic."""
-        n = self.window_decode
-        if not n or self.cur is not None or self.unsettled or self.open_commit is not None:
-            return
-        try:
-            now = self.clock()
-            seen = self._idle_seen
-            if seen is None or seen[0] != self.window_index or seen[1] != n:
-                self._idle_seen = (self.window_index, n, now)  # cycles ran since: idle from here
-            elif now - seen[2] >= IDLE_CLOSE_S:
-                self._idle_seen = None
-                self._close_window(idle=True)
-        except Exception as e:
-            self._fail(e)
+        without): the settlement closes the open window once it sat idle long enough, so that
+        what ran before a pause (or before a shutdown: the scheduler is killed, nothing flushes
+        then) is in the outputs and the JSONL instead of waiting for the traffic."""
+        self.settlement.idle()
 
     def _hand_over(self):
         """The items held on this thread go to the folder as one batch."""
