@@ -1118,6 +1118,27 @@ def test_an_option_that_would_do_nothing_is_refused_in_one_sentence(fields, says
     assert str(e.value) == says
 
 
+@pytest.mark.parametrize("declared, refused", [
+    ([], False),
+    ([("model", {"enable_multi_layer_eagle": True})], True),  # MiMoV2 / Step3p5 with EAGLE
+    ([("model", {"enable_multi_layer_eagle": True}), ("user", {"enable_multi_layer_eagle": False})], False),
+    ([("model", {"attention_backend": "fa3"})], False),
+])
+def test_multi_layer_eagle_that_sglang_turns_on_for_the_model_is_refused_too(declared, refused):
+    """From 0.5.16 SGLang declares multi-layer EAGLE for MiMoV2 and Step3p5 models while the
+    arguments resolve, and sets the field only after the profiler's check: the check reads the
+    declarations (the last one wins), so such a server is refused, not served unprofiled."""
+    from sglang.specprof import server_args as spa
+
+    args = type("Args", (_Args,), {"speculative_algorithm": "EAGLE", "enable_multi_layer_eagle": False,
+                                   "_resolved_overrides": declared})()
+    if refused:
+        with pytest.raises(spa.SpecProfileArgError, match="does not time --enable-multi-layer-eagle yet"):
+            spa.validate(args)
+    else:
+        spa.validate(args)
+
+
 @pytest.mark.parametrize("culprit", ["fifo", "folder"])
 def test_each_tp_rank_s_file_is_checked_at_startup(culprit, tmp_path):
     """tp > 1: each rank writes PATH.rankN; one of them a FIFO or a folder is refused before

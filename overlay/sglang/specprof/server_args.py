@@ -119,7 +119,7 @@ def validate(args) -> None:
     algo = args.speculative_algorithm
     # without speculation each forward is timed whole (plain.py): the baseline a step-0 cycle
     # is compared with
-    if getattr(args, "enable_multi_layer_eagle", False):
+    if multi_layer_eagle(args):
         # its worker (MultiLayerEagleWorkerV2) carries no hook: served unprofiled, it would look profiled
         raise SpecProfileArgError("--speculative-profile does not time --enable-multi-layer-eagle yet; profile "
                                   "without it.")
@@ -146,6 +146,18 @@ def validate(args) -> None:
                 _check_file(rank_path(path, rank), f"--speculative-profile-output {path}: rank {rank}'s file ")
         else:
             _check_file(path, "--speculative-profile-output ")
+
+
+def multi_layer_eagle(args) -> bool:
+    """Whether the server will run multi-layer EAGLE: the flag, or SGLang turning it on for the
+    model (MiMoV2, Step3p5 with EAGLE). From 0.5.16 a model's settings are declared while the
+    arguments resolve and land on the fields only after this check runs, so the declarations
+    are read too, the last one winning as when SGLang applies them."""
+    value = getattr(args, "enable_multi_layer_eagle", False)
+    for _source, declared in getattr(args, "_resolved_overrides", None) or ():
+        if isinstance(declared, dict) and "enable_multi_layer_eagle" in declared:
+            value = declared["enable_multi_layer_eagle"]
+    return bool(value)
 
 
 def _check_values(args) -> None:
