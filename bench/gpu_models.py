@@ -32,6 +32,19 @@ def write_models(root, shape="8b"):
     return target, draft
 
 
+def write_standalone_draft(root, shape="1b", vocab_of="8b"):
+    """A plain Llama model as a STANDALONE draft (Llama-3.2-1B's shape by default) with the
+    target's vocabulary; returns its folder."""
+    s = dict(SHAPES[shape], vocab_size=SHAPES[vocab_of]["vocab_size"])
+    folder = os.path.join(root, f"draft-{shape}")
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(dict(s, hidden_act="silu", max_position_embeddings=8192, rms_norm_eps=1e-5, rope_theta=500000.0,
+                       torch_dtype="bfloat16", tie_word_embeddings=True, bos_token_id=1, eos_token_id=2,
+                       architectures=["LlamaForCausalLM"], model_type="llama"), f)
+    return folder
+
+
 def bench_dirs(out, logs, shape="8b"):
     """A benchmark's result and log folders made, and its models written under the logs."""
     os.makedirs(out, exist_ok=True)

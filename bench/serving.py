@@ -114,16 +114,23 @@ class GpuClocks:
             self.proc.terminate()
 
 
-def eagle3_args(target, draft, steps=3, topk=1, draft_tokens=None, graph_bs=(1, 8), max_tokens=40960):
+def eagle3_args(target, draft, steps=3, topk=1, draft_tokens=None, graph_bs=(1, 8), max_tokens=40960,
+                algorithm="EAGLE3"):
     """The flags every benchmark server shares (the offline bundle has triton attention only).
 
-    `--sleep-on-idle`: an idle server's scheduler otherwise spins on a CPU core, beside the
-    one under load. `--max-total-tokens` bounds each server's KV pool, so that servers that
-    start while others are still capturing graphs cannot take more than their share."""
-    return ["--model-path", target, "--load-format", "dummy", "--speculative-algorithm", "EAGLE3",
-            "--speculative-draft-model-path", draft, "--speculative-draft-load-format", "dummy",
-            "--speculative-num-steps", str(steps), "--speculative-eagle-topk", str(topk),
-            "--speculative-num-draft-tokens", str(draft_tokens or steps + 1),
+    `algorithm`: EAGLE3 (the default, `draft` an EAGLE3 head), STANDALONE (`draft` a small
+    model of its own) or NGRAM (no draft model: `draft` is ignored, `draft_tokens` is the
+    budget of tokens matched a cycle). `--sleep-on-idle`: an idle server's scheduler otherwise
+    spins on a CPU core, beside the one under load. `--max-total-tokens` bounds each server's
+    KV pool, so that servers that start while others are still capturing graphs cannot take
+    more than their share."""
+    if algorithm == "NGRAM":
+        spec = ["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", str(draft_tokens or 8)]
+    else:
+        spec = ["--speculative-algorithm", algorithm, "--speculative-draft-model-path", draft,
+                "--speculative-draft-load-format", "dummy", "--speculative-num-steps", str(steps),
+                "--speculative-eagle-topk", str(topk), "--speculative-num-draft-tokens", str(draft_tokens or steps + 1)]
+    return ["--model-path", target, "--load-format", "dummy", *spec,
             "--attention-backend", "triton", "--sampling-backend", "pytorch", "--grammar-backend", "none",
             "--skip-tokenizer-init", "--cuda-graph-bs", *map(str, sorted(set(graph_bs))),
             "--disable-piecewise-cuda-graph", "--sleep-on-idle", "--max-total-tokens", str(max_tokens)]

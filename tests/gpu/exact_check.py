@@ -27,10 +27,10 @@ import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "bench"))
-from gpu_models import write_models  # noqa: E402
-from serving import eagle3_args, http, start_all, stop_all  # noqa: E402
+from gpu_models import write_models, write_standalone_draft  # noqa: E402
+from serving import eagle3_args, http, ratio_summary, start_all, stop_all  # noqa: E402
 from client_rate import client_decode_seconds  # noqa: E402
-from sglang_specprof.kernels import union_length  # noqa: E402  (the installed sglang-specprof)
+from sglang_specprof.kernels import merge as merge_kernels, union_length  # noqa: E402  (the installed sglang-specprof)
 
 # name: (steps, topk, draft tokens, extra flags)
 SETTINGS = {
@@ -41,7 +41,13 @@ SETTINGS = {
     "s3k1": (3, 1, 4, []),
     "s4k2v1": (4, 2, 8, ["--disable-overlap-schedule"]),
     "s3k1e": (3, 1, 4, ["--disable-cuda-graph"]),  # every forward eager
+    # the other algorithms (ALGORITHM below): a 1B-shaped Llama as the 8B target's draft, and
+    # n-gram matching with no draft model (8 tokens matched a cycle)
+    "sa3": (3, 1, 4, []),
+    "sa3k2": (3, 2, 6, []),
+    "ng8": (None, None, 8, []),
 }
+ALGORITHM = {"sa3": "STANDALONE", "sa3k2": "STANDALONE", "ng8": "NGRAM"}  # the rest: EAGLE3
 GRAPH_BS = [1, 2, 4, 8, 12, 16]  # captured batch sizes: 3 pads to 4, 24 concurrent runs eager
 
 
@@ -198,21 +204,34 @@ def main():
                     help="--speculative-profile-kernels N on every server (kernel samples every N windows)")
     ap.add_argument("--first-port", type=int, default=31000,
                     help="the first server's port (several checks on one GPU at once need apart ports)")
+    ap.add_argument("--cost-rounds", type=int, default=0, metavar="N",
+                    help="then the same servers started again without kernel samples, the profiler on and paused "
+                         "(SIGUSR2) in N interleaved rounds of one request each: the cost on / off")
+    ap.add_argument("--cost-tokens", type=int, default=512, help="new tokens of each cost run")
+    ap.add_argument("--logs", default=None, help="server logs (default: OUT/logs)")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
-    logs = os.path.join(a.out, "logs")
+    logs = a.logs or os.path.join(a.out, "logs")
     os.makedirs(logs, exist_ok=True)
-    target, draft = write_models(os.path.join(a.out, "models"), "8b")
+    models = os.path.join(a.out, "models")
+    target, draft = write_models(models, "8b")
+    small = write_standalone_draft(models, "1b")
     env = dict(os.environ, SGLANG_SIMULATE_ACC_LEN=a.acc, SGLANG_SIMULATE_ACC_METHOD=a.acc_method)
+
+    def server_argv(name, prof, kernels):
+        steps, topk, dt, extra = SETTINGS[name]
+        algo = ALGORITHM.get(name, "EAGLE3")
+        return eagle3_args(target, small if algo == "STANDALONE" else draft, steps, topk, dt, GRAPH_BS, a.max_tokens,
+                           algorithm=algo) + [
+            "--speculative-profile", "--speculative-profile-output", prof, "--speculative-profile-interval", "50",
+            "--context-length", "8192", *extra] + (["--speculative-profile-kernels", str(kernels)] if kernels else [])
+
     plan = {}
     for name in a.servers:
-        steps, topk, dt, extra = SETTINGS[name]
         prof = os.path.join(a.out, f"profile-{name}.jsonl")
         if os.path.exists(prof):
             os.remove(prof)
-        argv = eagle3_args(target, draft, steps, topk, dt, GRAPH_BS, a.max_tokens) + [
-            "--speculative-profile", "--speculative-profile-output", prof, "--speculative-profile-interval", "50",
-            "--context-length", "8192", *extra] + (["--speculative-profile-kernels", str(a.kernels)] if a.kernels else [])
+        argv = server_argv(name, prof, a.kernels)
         if a.trace == name:
             env_t = dict(env, SGLANG_TORCH_PROFILER_DIR=os.path.join(a.out, "trace"))
             plan[name] = (argv, env_t)
@@ -226,7 +245,8 @@ def main():
     try:
         for name, srv in servers.items():
             steps, topk, dt, extra = SETTINGS[name]
-            entry = {"steps": steps, "topk": topk, "draft_tokens": dt, "extra": extra, "loads": []}
+            entry = {"algorithm": ALGORITHM.get(name, "EAGLE3"), "steps": steps, "topk": topk, "draft_tokens": dt,
+                     "extra": extra, "loads": []}
             check["servers"][name] = entry
             port = srv.port
             run_load(port, "warm", 4, 64, 32)  # first use compiles kernels
@@ -252,14 +272,69 @@ def main():
                 r = judge(lname, recs, before, after, windows)
                 entry["loads"].append(r)
                 print(name, json.dumps(r), flush=True)
+            if a.kernels and os.path.exists(prof):
+                entry["kernels"] = kernel_summary(prof)
             if a.trace == name:
                 entry["trace"] = post_quietly(port, "/start_profile", {"num_steps": 12, "activities": ["CPU", "GPU"]})
                 run_load(port, "trace", 1, 256, 200)
                 time.sleep(5)
     finally:
         stop_all(servers)
-    with open(os.path.join(a.out, "check.json"), "w") as f:
+    write_check(a.out, check)
+    if a.cost_rounds:
+        check["cost"] = cost_on_off(a, plan, server_argv, logs)
+        write_check(a.out, check)
+
+
+def write_check(out, check):
+    with open(os.path.join(out, "check.json"), "w") as f:
         json.dump(check, f, indent=1)
+
+
+def kernel_summary(prof):
+    """The profile's kernel samples as one: how many, the share of their kernel time that ran
+    inside a named phase (coverage), and the phases they saw."""
+    blocks, errors = [], 0
+    with open(prof) as f:
+        for line in f:
+            k = json.loads(line).get("kernels")
+            if isinstance(k, dict):
+                if "error" in k:
+                    errors += 1
+                else:
+                    blocks.append(k)
+    m = merge_kernels(blocks) or {}
+    return {"samples": len(blocks), "errors": errors, "coverage": m.get("coverage"),
+            "kernel_ms": m.get("kernel_ms"), "phases": sorted(m.get("phases") or {})}
+
+
+def cost_on_off(a, plan, server_argv, logs):
+    """The servers of the check started again without kernel samples, each with its profiler
+    paused and resumed by SIGUSR2 between runs of one request: tokens/s on and off in one
+    process, `a.cost_rounds` rounds, which runs first alternating."""
+    from overhead import PAUSE_SIGNAL, paused_runs, scheduler_pids  # bench/overhead.py
+
+    again = {}
+    for name, (argv, env) in plan.items():
+        prof = os.path.join(a.out, f"cost-{name}.jsonl")
+        again[name] = (server_argv(name, prof, 0), dict(env, SGLANG_SPECPROF_PAUSE_SIGNAL=PAUSE_SIGNAL))
+    cost_logs = os.path.join(logs, "cost")
+    os.makedirs(cost_logs, exist_ok=True)
+    servers = start_all(again, cost_logs, first_port=a.first_port + 10, timeout=420)
+    out = {}
+    try:
+        for name, srv in servers.items():
+            runs = paused_runs(srv.port, scheduler_pids(srv.log_path), 1, a.cost_tokens, a.cost_rounds)
+            res = {"tok_s_on": [round(x, 2) for x in runs["on"]], "tok_s_off": [round(x, 2) for x in runs["off"]],
+                   "rounds": len(runs["on"]), "new_tokens": a.cost_tokens, "concurrency": 1}
+            res.update(ratio_summary("", [x / y for x, y in zip(runs["on"], runs["off"])]))
+            out[name] = res
+            print(name, "cost", json.dumps({k: v for k, v in res.items() if not k.startswith(("tok_s", "ratios"))}),
+                  flush=True)
+        time.sleep(3.5)  # the open windows close idle
+    finally:
+        stop_all(servers)
+    return out
 
 
 if __name__ == "__main__":
