@@ -122,6 +122,9 @@ class FakeTorch:
                 self.kw = kw
                 self.profiler = _Inner()
                 self.events = []
+                # as torch's profile object: its action map holds its own bound methods, a
+                # reference cycle that only the cyclic garbage collector frees
+                self.action_map = {("none", "record"): [self.start], ("record", "none"): [self.stop]}
 
             def start(self):
                 assert fake.active is None, "a second torch profiler on one thread"

@@ -5,7 +5,7 @@ import pytest
 
 from fakes import FakeBackend, FakeTorch
 from sglang.specprof import hooks
-from sglang.specprof.kernel_sampler import KernelSampler
+from sglang.specprof.kernel_sampler import KernelSampler, analyse_sample
 from sglang.specprof.profiler import Profiler
 from sglang_specprof import kernels as K
 from sglang_specprof.table import format_summary
@@ -252,6 +252,34 @@ def test_a_sample_that_cannot_be_read_is_one_line_and_profiling_goes_on(rig):
     assert not p.broken and len(out) == 4
     assert "could not be read" in format_summary(out[-1] if out[-1].get("kernels") else
                                                  next(w for w in out if w.get("kernels")))
+
+
+@pytest.mark.parametrize("readable", [True, False])
+def test_a_sample_s_events_are_freed_once_read_not_at_the_next_full_collection(readable):
+    """The profile object sits in a reference cycle (as torch's does); its recorded events
+    are freed as soon as the sample is read, or fails to be, with the cyclic collector off."""
+    import gc
+    import weakref
+
+    ft = FakeTorch(FakeBackend())
+    prof = ft.profiler.profile()
+    prof.start()
+    prof.stop()
+    if not readable:
+        prof.profiler.kineto_results.events = None  # not callable: the read fails
+    results, whole = weakref.ref(prof.profiler.kineto_results), weakref.ref(prof)
+    smp = {"prof": prof, "window": 3}
+    del prof
+    gc.disable()
+    try:
+        if readable:
+            assert analyse_sample(smp)["window"] == 3
+        else:
+            with pytest.raises(TypeError):
+                analyse_sample(smp)
+        assert results() is None and whole() is None and "prof" not in smp
+    finally:
+        gc.enable()
 
 
 def test_the_log_table_shows_the_breakdown(rig):

@@ -75,6 +75,7 @@ class KernelSampler:
         prof = self._new()
         prof.start()
         prof.stop()
+        release(prof)
         return round(time.perf_counter() - t0, 3)
 
     def _other_profiler_on(self) -> bool:
@@ -233,15 +234,37 @@ class KernelSampler:
                 prof.stop()
             except Exception:
                 pass
+            release(prof)
+
+
+def release(prof) -> None:
+    """A stopped torch profiler's recorded events freed now, not at the next full garbage
+    collection: the profile object is in a reference cycle (its action map holds its own bound
+    methods), and a serving process's full collections can be minutes apart: each sample's
+    events (megabytes) would pile up until one ran (bench/soak.py measures the growth)."""
+    if prof is None:
+        return
+    try:
+        inner = prof.profiler
+        if inner is not None:
+            inner.kineto_results = None
+        prof.profiler = None
+        prof.action_map.clear()  # the cycle broken: the object goes with its last reference
+    except Exception:
+        pass
 
 
 def analyse_sample(smp: dict, pause=None) -> dict:
     """On the outputs thread: the recorded sample as the window's `kernels` block."""
     t0 = time.perf_counter()
     prof = smp.pop("prof", None)
-    events = prof.profiler.kineto_results.events()
-    norm = from_kineto(events, pause)
-    del events, prof
+    try:
+        events = prof.profiler.kineto_results.events()
+        norm = from_kineto(events, pause)
+        del events
+    finally:
+        release(prof)
+    del prof
     block = analyse(norm, smp.get("event_ms"), pause=pause)
     block["window"] = smp.get("window")
     block["complete"] = smp.get("complete", True)
