@@ -6,35 +6,19 @@ the clients' tokens and the profiler's totals around each load, the cost on / of
 server at one request, and each server's profile. sa3: STANDALONE, a 1B-shaped Llama drafting
 3 steps for the 8B-shaped target; ng8: NGRAM, 8 draft tokens matched on the host.
 """
-import json
-import lzma
 from pathlib import Path
 
 import pytest
 
 from fakes import FakeBackend  # noqa: F401  (puts overlay/ on the path)
-from sglang_specprof import report, schema
+from sglang_specprof import report
 from sglang_specprof.table import format_summary
+from test_exact_data import V2_EAGER, V2_GRAPH, _check, _windows  # the recorded runs read alike
 
 DATA = Path(__file__).resolve().parent / "data" / "algorithms"
 RUNS = sorted(p for p in DATA.iterdir() if (p / "check.json").is_file())
-V2_GRAPH = {"draft_prep", "draft_inputs", "draft", "draft_outputs", "tree", "verify_prep", "verify", "accept",
-            "draft_extend_prep", "draft_extend", "draft_extend_post"}
-V2_EAGER = V2_GRAPH - {"draft_inputs", "draft_outputs"}
 NGRAM = {"ngram_match", "verify_prep", "verify", "accept", "ngram_update"}
 LOADS = {"c1-long", "c16-256", "c24-eager", "c16x24x4", "c8-stagger", "c16-stagger", "c8-abort", "c4-stop"}
-
-
-def _check(run):
-    return json.loads((run / "check.json").read_text())
-
-
-def _windows(run, name, tmp_path):
-    path = tmp_path / f"{name}.jsonl"
-    path.write_bytes(lzma.decompress((run / f"profile-{name}.jsonl.xz").read_bytes()))
-    windows, notes = schema.read(str(path))
-    assert notes == []
-    return windows
 
 
 def test_the_runs_hold_both_algorithms():
