@@ -6,7 +6,7 @@ import pytest
 from fakes import FakeBackend, FakeTorch
 from sglang.specprof import hooks
 from sglang.specprof.kernel_sampler import KernelSampler, analyse_sample
-from sglang.specprof.profiler import Profiler
+from sglang.specprof.profiler import RECORDER_HOOKS, Profiler
 from sglang_specprof import kernels as K
 from sglang_specprof.table import format_summary
 
@@ -139,13 +139,17 @@ HOOKS = [n for n in vars(hooks.NullProfiler) if not n.startswith("_") and callab
 def test_a_sample_swaps_the_sampler_in_for_the_profiler_and_patches_nothing(rig):
     """Between samples the hooks call the profiler itself (the plain hot path); from a
     sample's arming to its stop they call the sampler, and the profiler is never patched:
-    its attributes hold no hook, and each of its hooks is its class's."""
+    its attributes hold no hook but its recorder's, and each of its hooks is its class's or
+    its recorder's (the bound methods the profiler hands out, profiler.RECORDER_HOOKS)."""
     p, b, ft, out = rig
     assert {"begin", "mark", "end", "draft_end", "draft_replay_begin", "harvest", "commit_end"} <= set(HOOKS)
+    rec = p.recorder
 
     def untouched():
-        assert not set(HOOKS) & set(vars(p)), set(HOOKS) & set(vars(p))
-        assert all(getattr(p, n).__func__ is getattr(Profiler, n) for n in HOOKS)
+        assert set(HOOKS) & set(vars(p)) == set(HOOKS) & set(RECORDER_HOOKS), set(HOOKS) & set(vars(p))
+        for n in HOOKS:
+            owner = rec if n in RECORDER_HOOKS else p
+            assert getattr(p, n).__self__ is owner and getattr(p, n).__func__ is getattr(type(owner), n), n
 
     seen = set()
     for i in range(40):
@@ -224,7 +228,7 @@ def test_no_sample_while_another_torch_profiler_runs(rig):
     assert p.kernels.samples == 0 and p.kernels.skipped == 1
     assert out[-1]["kernel_samples"] == {"taken": 0, "skipped": 1}
     assert not any(w.get("kernels") for w in out)
-    assert hooks.P is p and "begin" not in vars(p)
+    assert hooks.P is p and p.begin.__self__ is p.recorder  # the recorder's own, not patched
 
 
 def test_a_sample_that_cannot_be_read_is_one_line_and_profiling_goes_on(rig):

@@ -75,6 +75,24 @@ def test_phases_add_up_to_the_cycle(fake):
     assert [st["mean"] for st in bucket["draft_steps_gpu_ms"]] == pytest.approx([0.2, 0.2, 0.2])
 
 
+def test_every_hook_is_the_profilers_own_and_its_state_has_one_place(fake):
+    """No hook of a profiler falls through to the null profiler's, which does nothing: each is
+    its class's or its recorder's (handed out bound, profiler.RECORDER_HOOKS); the recorder's
+    state read through the profiler is the recorder's, rebound there."""
+    p, b, out = fake
+    for name in vars(NullProfiler):
+        hook = getattr(p, name)
+        if not name.startswith("_") and callable(hook):
+            assert getattr(hook, "__func__", None) is not getattr(NullProfiler, name), name
+    assert all(getattr(p, n).__self__ is p.recorder for n in profiler_mod.RECORDER_HOOKS)
+    run_cycle(p, b)
+    assert p.seq == p.recorder.seq and p.next_slot is p.recorder.next_slot is not None
+    p.begin("decode", 1)
+    assert p.cur is p.recorder.cur is not None and p.next_slot is None
+    p._hand_over()
+    assert p.items == [] and p.items is p.recorder.items
+
+
 def test_totals_cover_every_read_cycle_even_between_windows(fake, monkeypatch):
     p, b, out = fake
     monkeypatch.setattr(hooks, "P", p)

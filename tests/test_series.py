@@ -113,12 +113,14 @@ def test_every_hook_in_every_series_is_one_the_profiler_has():
     import re
     from pathlib import Path
 
-    import fakes  # noqa: F401  (puts the overlay on the path)
+    import fakes
     from sglang.specprof.kernel_sampler import KernelSampler
     from sglang.specprof.profiler import NullProfiler, Profiler
     from sglang_specprof.schema import PHASES
 
-    # while a kernel sample is on, it takes every hook in the profiler's place (kernel_sampler.py)
+    # while a kernel sample is on, it takes every hook in the profiler's place (kernel_sampler.py);
+    # a profiler's hooks are its own or its recorder's bound methods (profiler.RECORDER_HOOKS)
+    live = Profiler(fakes.FakeBackend(), log_table=False)
 
     root = Path(__file__).resolve().parent.parent / "patches"
     seen = set()
@@ -131,10 +133,10 @@ def test_every_hook_in_every_series_is_one_the_profiler_has():
             where = f"{patch.parent.name}/{patch.name}: {line[1:].strip()}"
             assert callable(getattr(NullProfiler, name, None)), where
             call = ast.parse(f"f({args})", mode="eval").body
-            hooks = [getattr(NullProfiler, name), getattr(Profiler, name), getattr(KernelSampler, name)]
+            hooks = [getattr(NullProfiler, name), getattr(live, name), getattr(KernelSampler, name)]
             for hook in hooks:
                 try:
-                    inspect.signature(hook).bind(None, *call.args)
+                    inspect.signature(hook).bind(*([] if inspect.ismethod(hook) else [None]), *call.args)
                 except TypeError as e:
                     raise AssertionError(f"{where}: {hook.__qualname__} takes other arguments ({e})") from None
             if name == "mark":

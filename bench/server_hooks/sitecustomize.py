@@ -49,11 +49,18 @@ def _gc_cb(phase, info):
         _S["gc_t0"] = None
 
 
+def _owner(mod, name):
+    """The class whose method the running profiler's hook `name` is: its recorder's for the
+    cycle's marks and the draft graphs' hooks (profiler.RECORDER_HOOKS), else the profiler's."""
+    rec = getattr(mod, "Recorder", None)
+    return rec if rec is not None and name in getattr(mod, "RECORDER_HOOKS", ()) else mod.Profiler
+
+
 def _patch(mod):
-    cls = mod.Profiler
     t = _S["t"]
 
     def wrap(name):
+        cls = _owner(mod, name)
         orig = getattr(cls, name)
         lst = t.setdefault(name, [])
         if name == "mark":
@@ -100,7 +107,7 @@ def _patch(mod):
 
     for name in ("begin", "mark", "draft_end", "end", "graph", "draft_replay_begin", "draft_replay_end",
                  "harvest", "commit_begin", "commit_end", "draft_step"):
-        if hasattr(cls, name):
+        if hasattr(_owner(mod, name), name):
             wrap(name)
     # what one timed call adds (two clock reads and the wrapper's frame)
     def _empty(): pass

@@ -148,7 +148,8 @@ class DraftGraphs:
 
 class GraphHooks:
     """The profiler's hooks around the draft graphs and the forwards' graph use (a part of
-    `Profiler`: they use its current slot, its `_record` and its `graphs`)."""
+    the profiler's `Recorder`, recorder.py: they use its current slot, its `_record` and its
+    `graphs`)."""
 
     def draft_step(self, i):
         """Inside draft_forward: under capture, an external event node; eager, a plain event."""

@@ -5,9 +5,9 @@ acceptance settles here (`settle`, called by the acceptance hooks in accept.py),
 counts the committed tokens and the window's decode cycles; the window closes after its
 `interval`-th, or (`idle`) once the server sat idle IDLE_CLOSE_S with cycles in it. A
 close queues the window's fields that live on this thread (the close record) with the
-profiler's held items; the folder closes the window from them (folder.py). Under
---speculative-adaptive the step-count changes between decode cycles are kept here too
-(`switched`) and go with the close record; a switch does not close a window.
+items the profiler's recorder holds (recorder.py); the folder closes the window from them
+(folder.py). Under --speculative-adaptive the step-count changes between decode cycles are
+kept here too (`switched`) and go with the close record; a switch does not close a window.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ class Settlement:
 
     def __init__(self, profiler, interval: int, adaptive: bool):
         self.p = profiler
+        self.rec = profiler.recorder  # the held items, the cycle in flight and its counts (slots.py)
         self.interval = interval
         self.adaptive = adaptive
         self.window_index = 0  # windows handed to the folder to close
@@ -57,7 +58,7 @@ class Settlement:
         t["verified_requests"] += len(correct)
         t["skipped_requests"] += skipped
         t["cut_tokens"] += sum(correct) + len(correct) - got
-        self.p.items.append(("accept", correct, committed, skipped))
+        self.rec.items.append(("accept", correct, committed, skipped))
         n = self.window_decode + 1
         self.window_decode = n
         if n >= self.interval:
@@ -80,7 +81,7 @@ class Settlement:
         the cycles it has."""
         n = self.window_decode
         p = self.p
-        if not n or p.cur is not None or p.unsettled or p.open_commit is not None:
+        if not n or self.rec.cur is not None or p.unsettled or p.open_commit is not None:
             return
         try:
             now = p.clock()
@@ -98,7 +99,7 @@ class Settlement:
         window and hands it to the outputs. `idle`: closed by `idle`, with fewer decode cycles
         than the interval."""
         p = self.p
-        p.items.append(("close", self.record(idle)))
+        self.rec.items.append(("close", self.record(idle)))
         if self.adaptive:
             self.switches = []
             self.switches_over = 0
@@ -108,7 +109,7 @@ class Settlement:
 
     def record(self, idle: bool) -> dict:
         """The window's fields that live on the scheduler's thread, for the folder's close."""
-        p = self.p
+        p, rec = self.p, self.rec
         g = p.graphs
         return {
             "schema": SCHEMA,
@@ -116,12 +117,12 @@ class Settlement:
             "time": round(time.time(), 3),
             "config": p.config,
             "graphs": {"draft_replays": g.total_replays(), "steps_read_late": g.read_late,
-                       "eager": dict(p.eager),
+                       "eager": dict(rec.eager),
                        "capture_s": {k: dict(v) for k, v in g.capture_s.items()}},
-            "marks_lost": p.marks_lost,
+            "marks_lost": rec.marks_lost,
             "uncut_cycles": p.uncut_cycles,
             "closed_idle": idle,
-            "dropped": p.dropped,
+            "dropped": rec.dropped,
             "tokens": dict(self.tokens),
             **({"adaptive": {"steps": self.last_steps, "switches": self.switches,
                              "switches_not_kept": self.switches_over,
