@@ -99,6 +99,17 @@ class _KEvent:
         return self._v[5]
 
 
+class _Results:
+    """kineto's results of one profile: its events (a class of its own, not one made at each
+    stop: a class is in a reference cycle of its own, which a test of cyclic garbage would see)."""
+
+    def __init__(self, events):
+        self._events = events
+
+    def events(self):
+        return self._events
+
+
 class FakeTorch:
     """The part of torch the kernel sampler uses, over a FakeBackend's clocks: `launch` puts a
     kernel on the fake device (and its launch on the host) as CUPTI would report them."""
@@ -135,13 +146,7 @@ class FakeTorch:
                 if self.profiler.use_device is not None:
                     fake.synced += 1
                 fake.active = None
-                evs = list(self.events)
-
-                class _R:
-                    def events(self_inner):
-                        return evs
-
-                self.profiler.kineto_results = _R()
+                self.profiler.kineto_results = _Results(list(self.events))
 
         class _RecordFunction:
             def __init__(self, name):
