@@ -154,9 +154,12 @@ def multi_layer_eagle(args) -> bool:
     arguments resolve and land on the fields only after this check runs, so the declarations
     are read too, the last one winning as when SGLang applies them."""
     value = getattr(args, "enable_multi_layer_eagle", False)
-    for _source, declared in getattr(args, "_resolved_overrides", None) or ():
-        if isinstance(declared, dict) and "enable_multi_layer_eagle" in declared:
-            value = declared["enable_multi_layer_eagle"]
+    try:
+        for _source, declared in getattr(args, "_resolved_overrides", None) or ():
+            if isinstance(declared, dict) and "enable_multi_layer_eagle" in declared:
+                value = declared["enable_multi_layer_eagle"]
+    except (TypeError, ValueError):  # not the (source, fields) pairs of the releases read
+        pass
     return bool(value)
 
 
