@@ -403,3 +403,16 @@ def test_closed_loop_pairs_the_static_on_the_raised_cap_with_the_capped_server(m
     assert res["3_vs_capped"]["median"] == 2.0
     assert res["cost_vs_best_static"]["median"] == round(21 / 22, 4)
     assert "3_vs_capped" not in closed_loop.analyse(runs, ["0", "3"])
+
+
+def test_sample_memory_fits_each_mode_s_growth_after_the_warm_sessions():
+    """bench/sample_memory.py's result: the least-squares MB per session of the samples at
+    or after --warm (the first sessions' one-off growth, CUPTI's own buffers, left out)."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    from sample_memory import slope
+
+    flat_after_warm = [(0, 100.0, 0), (10, 180.0, 0), (30, 200.0, 0), (40, 200.5, 0), (50, 199.5, 0)]
+    assert slope(flat_after_warm, warm=30) == pytest.approx(-0.025)
+    growing = [(s, 50.0 + 0.4 * s, 0) for s in range(0, 200, 10)]
+    assert slope(growing, warm=30) == pytest.approx(0.4)
+    assert slope([(0, 1.0, 0), (40, 2.0, 0)], warm=30) is None  # one sample after the warm ones: no slope
