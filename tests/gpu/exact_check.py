@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """The profiler's counts and rates against what the clients received, on real servers.
 
-    python tests/gpu/exact_check.py --out DIR [--servers NAME ...] [--quick]
+    python tests/gpu/exact_check.py --out DIR [--servers NAME ...] [--quick] [--kernels N]
+                                    [--cost-rounds N --cost-tokens T]
 
-Starts one dummy-weight EAGLE3 server per setting (side by side on one GPU), sends each the
+Starts one dummy-weight server per setting (side by side on one GPU; EAGLE3, or STANDALONE
+with a 1B-shaped draft, or NGRAM: SETTINGS and ALGORITHM below), sends each the
 loads below, reads `/server_info` totals before and after each load, and writes DIR/check.json:
 per server and load, the decode tokens the clients received (completion tokens - 1 per request,
 the first token being the prefill's), the profiler's committed tokens over the same stretch
@@ -11,7 +13,10 @@ the first token being the prefill's), the profiler's committed tokens over the s
 the clients' decode-only rate (streamed, from each request's first token to its last, the
 prefills of later arrivals taken out: client_rate.py), and the profiler's partition of the
 GPU time (decode, drain, prefill, beside the prefills) against the server's busy time as the
-clients saw it (each request from its send to its last token).
+clients saw it (each request from its send to its last token). With --kernels, each server's
+kernel samples summed up (their coverage and phases); with --cost-rounds, the same servers
+started again without samples and measured at one request with the profiler on and paused
+(SIGUSR2), N rounds alternating which runs first.
 
 Needs an NVIDIA GPU and an installed sglang-X.Y.Z+specprof.N (PYTHONPATH or site-packages).
 """
