@@ -210,8 +210,7 @@ def run_policy(policy, p, b, bs, mean, cost, cycles, seed=1, hook=None, draws=No
 def _cost_policy(config, **kw):
     p, b, out = _profiler(interval=200)
     policy = pol.CostPolicy(_upstream(config), **kw)
-    p.policy = policy
-    p.folder.observer = policy
+    p.steer_by(policy)
     return policy, p, b, out
 
 
@@ -263,8 +262,7 @@ def test_on_other_releases_the_policy_stands_in_for_their_own_adaptive_params(ve
         os.remove(f.name)
     p, b, out = _profiler(interval=200)
     policy = pol.CostPolicy(up)
-    p.policy = policy
-    p.folder.observer = policy
+    p.steer_by(policy)
     bs, mean, cost = LOADS[0]
     rates = {s: expected_rate(mean, cost, bs, s) for s in CANDS}
     used, _ = run_policy(policy, p, b, bs, mean, cost, 2000)

@@ -10,7 +10,7 @@ import pytest
 
 from fakes import FakeBackend
 from sglang.specprof.profiler import Profiler
-from sglang_specprof.ranks import RankExchange
+from sglang.specprof.ranks import RankExchange
 from test_profiler import run_cycle
 
 

@@ -12,7 +12,7 @@ from sglang.specprof import hooks, profiler as profiler_mod
 from sglang_specprof import schema
 from sglang.specprof.jsonl import JsonlSink
 from sglang.specprof.profiler import POOL, NullProfiler, Profiler
-from sglang_specprof.ranks import RankExchange
+from sglang.specprof.ranks import RankExchange
 from sglang_specprof.table import format_summary
 from sglang_specprof.window import Series, bucket_of, percentile
 
@@ -1240,7 +1240,7 @@ def test_the_gate_wakes_a_waiting_helper_and_costs_no_lock_otherwise():
 
 
 def test_the_rank_exchange_folder_is_this_users_alone(tmp_path):
-    from sglang_specprof.ranks import NotPrivate, exchange_folder
+    from sglang.specprof.ranks import NotPrivate, exchange_folder
 
     assert str(os.getuid()) in os.path.basename(exchange_folder(30000))
     shared = tmp_path / "shared"

@@ -1,23 +1,23 @@
-"""Reading cycles, folding them into summary windows, and the outputs, off the scheduler's thread.
+"""Reading cycles, folding them into summary windows, and handing the closed ones to the outputs.
 
-The profiler's hot path records the events and hands each cycle's slot here (`submit`); a
-reader thread waits for its events, reads them, folds the numbers into the window and
-closes windows (the summary, the advisor); an outputs thread runs the output pipeline
+The profiler's hot path records the events and hands each cycle's slot here (`submit`);
+each slot is read once its events completed, its numbers folded into the open window, and
+windows closed (the summary, the advisor); an outputs thread runs the output pipeline
 (pipeline.py: the rank exchange, then the log table, the JSONL, Prometheus), so an output
 that blocks stops nothing else.
 
-Both threads work while the scheduler's thread waits for the GPU (the `Gate`: the profiler
-opens it where the worker goes to wait, and shuts it where the wait ends), so their Python
-does not take the GIL while the scheduler has work of its own. The reader works regardless
-when it falls behind (few free slots left) or when nothing opened the gate for IDLE_S (an
-idle server), and both give the GIL back between steps (`time.sleep(0)`).
-
-`threaded="outputs"` (the server's) reads and folds on the scheduler's thread, at each
-hand-over, and leaves only the closed windows (their summaries, the sinks) to the outputs
-thread: a reader thread takes the GIL wherever the scheduler's thread lets it go (each torch
-call does), and where the host is the bottleneck those hand-overs cost the scheduler more than
-the reading itself (bench/hook_cost.py, docs/benchmarks.md). Inline (`threaded=False`, the
-tests' default) runs everything at once on the caller's thread, with the same code.
+Where the reading runs (`threaded`, hooks.READING):
+- "outputs" (v2 and a server without speculation): on the scheduler's thread, at each
+  hand-over; only the closed windows go to the outputs thread. A reader thread would take
+  the GIL wherever the scheduler's thread lets it go (each torch call does), and where the
+  host is the bottleneck those hand-overs cost the scheduler more than the reading itself
+  (bench/hook_cost.py, docs/benchmarks.md).
+- True (v1): on a reader thread, which works while the scheduler's thread waits for the
+  verify's result (the `Gate`: the profiler opens it where the worker goes to wait, and
+  shuts it where the wait ends), regardless when it falls behind (few free slots left) or
+  when nothing opened the gate for IDLE_S (an idle server), giving the GIL back between
+  steps (`time.sleep(0)`).
+- False (the tests' default): everything at once on the caller's thread, with the same code.
 """
 
 from __future__ import annotations

@@ -14,7 +14,6 @@ import os
 import signal
 
 from sglang_specprof.advisor import NO_DRAFT_MODEL
-from sglang_specprof.ranks import RankExchange, exchange_folder
 from sglang_specprof.table import printable
 
 from . import zero_step
@@ -25,6 +24,7 @@ from .null import NullProfiler
 from .plain import PlainProfiler, time_forwards
 from .policy import POLICY_FILE_ENV, CostPolicy, follow_file
 from .profiler import Profiler
+from .ranks import RankExchange, exchange_folder
 from .sinks import Advice
 
 logger = logging.getLogger("sglang.specprof")
@@ -283,8 +283,7 @@ def adaptive(controller, server_args) -> None:
                             widen=getattr(server_args, "speculative_adaptive_config", None) is None)
         controller.params = policy
         own = _own(P)
-        own.policy = policy
-        own.folder.observer = policy
+        own.steer_by(policy)
         follow_file(policy)
         logger.info("speculative adaptive policy %s (tiers %s; candidates %s)", mode,
                     ", ".join(map(str, policy.bs_list)),

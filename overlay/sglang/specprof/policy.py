@@ -27,12 +27,12 @@ runs at) and, per tier, runs the candidate with the highest tokens/s:
 - with hysteresis: a rival must beat the current figure by HYSTERESIS to take its place, and
   each switch is logged with both figures.
 
-The folder's reader thread feeds `cycle` (each decode cycle read) and `accept` (each list
-settled, with the step count its cycle ran at).
+The folder feeds `cycle` (each decode cycle read) and `accept` (each list settled, with the
+step count its cycle ran at), where it reads the cycles: on the scheduler's thread at each
+hand-over (v2, the adaptive worker), or its reader thread (v1).
 
 Decisions run every UPDATE_CYCLES of a tier's decode cycles on the scheduler's thread (a
-sort of each candidate's 64 periods that changed, and some arithmetic); the figures are
-folded on the reader thread.
+sort of each candidate's 64 periods that changed, and some arithmetic).
 
 The per-tier figures (`Period`, `Acceptance`, `Tier`) are in policy_tiers.py; the modes
 benchmarks switch to (upstream's rule, a pinned step count) and the mode file that switches

@@ -138,6 +138,12 @@ class Profiler(AcceptHooks, NullProfiler):
         self.open_commit = None
         rec.items.append(("resync",))  # the reader lines cycles and acceptance up again
 
+    def steer_by(self, policy) -> None:
+        """The cost policy (hooks.adaptive): it chooses the step counts, and the folder tells
+        it of each cycle read and each acceptance list settled."""
+        self.policy = policy
+        self.folder.observer = policy
+
     def every_phase(self, on: bool) -> None:
         """The kernel sampler's (kernel_sampler.py): from the next cycle, every cycle timed
         phase by phase (`on`: its sample's, the one made ready at the last end too), or again

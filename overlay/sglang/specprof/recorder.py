@@ -135,9 +135,9 @@ class Recorder(GraphHooks, SlotPool):
                     s.n = n + 1
             except Exception as e:
                 self._fail(e)
-        if name is self.gate_open_mark:  # v1: the wait for the verify's result starts, and ends
+        if name == self.gate_open_mark:  # v1: the wait for the verify's result starts, and ends
             self.gate.open()
-        elif name is self.gate_shut_mark:
+        elif name == self.gate_shut_mark:
             self.gate.shut()
 
     def draft_end(self):
