@@ -2,8 +2,8 @@
 """What a kernel sample leaves behind in host memory, without a server: short torch profiler
 sessions as the kernel sampler runs them (CPU and CUDA activity, a few thousand small kernels
 each, the recorded events read through `kineto_results.events()`), in a process with a
-serving process's heap (`--heap` million long-lived objects, so that Python's full garbage
-collections are as rare as in the scheduler).
+serving process's heap (`--heap` million long-lived objects, which Python's cyclic garbage
+collector walks, as in the scheduler).
 
 Each mode runs in a process of its own, the modes one after another, `--rounds` times in
 alternating order:
@@ -15,7 +15,10 @@ and records the process's RSS (VmRSS, MB) every `--every` sessions, and how many
 collections ran. The result: each mode's RSS growth per session after the first
 `--warm` sessions (least squares), and its full collections.
 
-  PYTHONPATH=overlay python bench/sample_memory.py --out OUT [--sessions 300 --kernels 3000]
+  PYTHONPATH=overlay python bench/sample_memory.py --out OUT [--sessions 300 --kernels 3000] [--device cpu]
+
+`--device cpu`: CPU activity only, the ops on the CPU (no GPU needed): the same profile
+object and reference cycle, with the host's op events in place of the kernels.
 """
 from __future__ import annotations
 
@@ -38,7 +41,7 @@ def rss_mb() -> float:
     return float("nan")
 
 
-def child(mode: str, sessions: int, kernels: int, heap: int, every: int) -> dict:
+def child(mode: str, sessions: int, kernels: int, heap: int, every: int, device: str) -> dict:
     import torch
 
     from sglang.specprof.kernel_sampler import release  # overlay/ on PYTHONPATH
@@ -48,20 +51,22 @@ def child(mode: str, sessions: int, kernels: int, heap: int, every: int) -> dict
     full = []
     gc.callbacks.append(lambda phase, info: phase == "stop" and info["generation"] == 2 and full.append(1))
     tp = torch.profiler
-    x = torch.ones(64, device="cuda")
+    cuda = device == "cuda"
+    activities = [tp.ProfilerActivity.CPU] + ([tp.ProfilerActivity.CUDA] if cuda else [])
+    x = torch.ones(64, device=device)
     samples, events_seen = [], 0
     t0 = time.time()
     for s in range(sessions):
-        prof = tp.profile(activities=[tp.ProfilerActivity.CPU, tp.ProfilerActivity.CUDA], record_shapes=False,
-                          with_stack=False, profile_memory=False)
+        prof = tp.profile(activities=activities, record_shapes=False, with_stack=False, profile_memory=False)
         prof.start()
         with tp.record_function("specprof:verify"):
             for _ in range(kernels):
                 x.add_(1.0)
-        torch.cuda.synchronize()
+        if cuda:
+            torch.cuda.synchronize()
         prof.stop()
         events = prof.profiler.kineto_results.events()
-        events_seen += sum(1 for e in events if str(e.device_type()).endswith("CUDA"))
+        events_seen += sum(1 for e in events if str(e.device_type()).endswith("CUDA")) if cuda else len(events)
         del events
         if mode == "release":
             release(prof)
@@ -70,7 +75,7 @@ def child(mode: str, sessions: int, kernels: int, heap: int, every: int) -> dict
             samples.append((s, round(rss_mb(), 1), len(full)))
     del keep
     return {"mode": mode, "samples": samples, "full_collections": len(full), "seconds": round(time.time() - t0, 1),
-            "gpu_events_per_session": round(events_seen / sessions, 1)}
+            "events_per_session": round(events_seen / sessions, 1)}
 
 
 def slope(points, warm):
@@ -93,10 +98,12 @@ def main():
     ap.add_argument("--every", type=int, default=10)
     ap.add_argument("--warm", type=int, default=30, help="sessions left out of the slope")
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                    help="cpu: CPU activity only, the ops on the CPU (events: the host's ops)")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
-        print(json.dumps(child(a.child, a.sessions, a.kernels, a.heap, a.every)))
+        print(json.dumps(child(a.child, a.sessions, a.kernels, a.heap, a.every, a.device)))
         return
     os.makedirs(a.out, exist_ok=True)
     runs = []
@@ -104,7 +111,7 @@ def main():
         for mode in (("drop", "release") if r % 2 == 0 else ("release", "drop")):
             proc = subprocess.run([sys.executable, __file__, "--out", a.out, "--child", mode, "--sessions",
                                    str(a.sessions), "--kernels", str(a.kernels), "--heap", str(a.heap),
-                                   "--every", str(a.every)], capture_output=True, text=True)
+                                   "--every", str(a.every), "--device", a.device], capture_output=True, text=True)
             if proc.returncode != 0:
                 raise SystemExit(f"{mode} failed: {proc.stderr.strip().splitlines()[-1:]}")
             run = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -114,12 +121,13 @@ def main():
             first, last = run["samples"][0], run["samples"][-1]
             print(f"round {r} {mode:8s} RSS {first[1]:.0f} -> {last[1]:.0f} MB, "
                   f"{run['mb_per_session']:.3f} MB/session after {a.warm}, full collections "
-                  f"{run['full_collections']}, {run['gpu_events_per_session']} GPU events/session, "
+                  f"{run['full_collections']}, {run['events_per_session']} events/session, "
                   f"{run['seconds']} s", flush=True)
     import torch
 
     result = {"benchmark": "sample_memory", "command": "python bench/sample_memory.py " + " ".join(sys.argv[1:]),
-              "torch": torch.__version__, "gpu": torch.cuda.get_device_name(0), "date": time.strftime("%Y-%m-%d"),
+              "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
+              "device": torch.cuda.get_device_name(0) if a.device == "cuda" else f"cpu ({os.cpu_count()} cores)",
               "settings": {k: v for k, v in vars(a).items() if k not in ("out", "child")}, "runs": runs}
     path = os.path.join(a.out, f"sample-memory-{time.strftime('%Y-%m-%d')}.json")
     with open(path, "w") as f:

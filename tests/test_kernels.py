@@ -259,7 +259,7 @@ def test_a_sample_that_cannot_be_read_is_one_line_and_profiling_goes_on(rig):
 
 
 @pytest.mark.parametrize("readable", [True, False])
-def test_a_sample_s_events_are_freed_once_read_not_at_the_next_full_collection(readable):
+def test_a_sample_s_events_are_freed_once_read_not_by_the_cyclic_collector(readable):
     """The profile object sits in a reference cycle (as torch's does); its recorded events
     are freed as soon as the sample is read, or fails to be, with the cyclic collector off."""
     import gc
@@ -390,9 +390,9 @@ def test_a_pause_during_a_sample_and_an_internal_error_leave_the_right_profiler(
 
 
 def test_windows_and_kernel_samples_leave_no_cyclic_garbage(rig):
-    """A serving scheduler's full garbage collections can be minutes apart: what the profiler
-    drops each window and each kernel sample goes by reference counting alone (a sample's
-    torch profile object is in a reference cycle, so it is taken apart once read)."""
+    """Python's cyclic collector can leave a serving scheduler's garbage for long: what the
+    profiler drops each window and each kernel sample goes by reference counting alone (a
+    sample's torch profile object is in a reference cycle, so it is taken apart once read)."""
     import gc
 
     p, b, ft, out = rig

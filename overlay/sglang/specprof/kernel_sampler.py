@@ -238,10 +238,10 @@ class KernelSampler:
 
 
 def release(prof) -> None:
-    """A stopped torch profiler's recorded events freed now, not at the next full garbage
-    collection: the profile object is in a reference cycle (its action map holds its own bound
-    methods), and a serving process's full collections can be minutes apart: each sample's
-    events (megabytes) would pile up until one ran (bench/soak.py measures the growth)."""
+    """A stopped torch profiler's recorded events freed now, not whenever Python's cyclic
+    garbage collector reaches them: the profile object is in a reference cycle (its action map
+    holds its own bound methods), and in a serving process the collector can leave hundreds of
+    samples' events (megabytes each) piled up first (bench/soak.py, bench/sample_memory.py)."""
     if prof is None:
         return
     try:
