@@ -25,6 +25,7 @@ import argparse
 import hashlib
 import importlib
 import importlib.util
+import inspect
 import json
 import logging
 import os
@@ -332,6 +333,17 @@ def run(p, cycles, sync, bs=8, buckets=1, wait_s=0.0, ctx=None, wait=gpu_wait, l
     return out
 
 
+# this script's modes (False: inline, True: a reader thread, "outputs": at each hand-over) as
+# the profiler takes them: `reading=` by name, or, in a tree from before it, `threaded=`
+READING_NAMES = {False: "inline", True: "reader thread", "outputs": "at hand-over"}
+
+
+def reading_kw(cls, mode) -> dict:
+    if "reading" in inspect.signature(cls).parameters:
+        return {"reading": READING_NAMES[mode]}
+    return {"threaded": mode}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cycles", type=int, default=5000)
@@ -343,7 +355,7 @@ def main():
                     "--outputs-thread)")
     ap.add_argument("--outputs-thread", action="store_true",
                     help="read and fold at each hand-over on the calling thread, close windows on the outputs thread "
-                    "(the server's: threaded='outputs')")
+                    "(the server's: at hand-over)")
     ap.add_argument("--against-reader-thread", action="store_true",
                     help="in place of --against: this tree with a reader thread (--threaded), interleaved")
     ap.add_argument("--wait-us", type=float, default=0.0,
@@ -408,8 +420,8 @@ def main():
             if a.gil_events:
                 return gil_events(mod)
             return mod.TorchEvents() if a.torch_events else mod.CudaBackend()
-    profs = {name: cls(make_backend(mod), interval=100, config=config, threaded=md,
-                       phases_every=a.phases_every) for name, (cls, mod, md) in trees.items()}
+    profs = {name: cls(make_backend(mod), interval=100, config=config, phases_every=a.phases_every,
+                       **reading_kw(cls, md)) for name, (cls, mod, md) in trees.items()}
     backend = make_backend(None)
     off = NullProfiler()
     ctx = a.ctx or ("number" if a.cpu else "tensor")

@@ -10,6 +10,7 @@ import pytest
 from fakes import FakeBackend
 from sglang.specprof import hooks, profiler as profiler_mod
 from sglang_specprof import schema
+from sglang.specprof.folder import AT_HAND_OVER, INLINE, READER_THREAD
 from sglang.specprof.jsonl import JsonlSink
 from sglang.specprof.profiler import POOL, NullProfiler, Profiler
 from sglang.specprof.ranks import RankExchange
@@ -828,31 +829,32 @@ def test_a_cycle_after_every_request_finished_is_not_decode_time(read_first):
 
 def test_folding_on_the_helper_thread_gives_the_same_windows():
     """The server reads on its own thread and summarises windows on the outputs thread
-    (threaded="outputs"); with a reader thread (True) or all inline (False) the same windows
+    (AT_HAND_OVER); with a reader thread (READER_THREAD) or all inline (INLINE) the same windows
     come out, and each summary is made on the outputs thread, not the caller's."""
     import threading
 
     outs = {}
-    for threaded in (False, True, "outputs"):
+    for reading in (INLINE, READER_THREAD, AT_HAND_OVER):
         b = FakeBackend()
         out = []
         made_on = set()
         p = Profiler(b, interval=10, sink=lambda s: (out.append(s), made_on.add(threading.current_thread().name)),
-                     config={"num_steps": 3}, clock=b.clock, log_table=False, threaded=threaded)
+                     config={"num_steps": 3}, clock=b.clock, log_table=False, reading=reading)
         before = {t.name for t in threading.enumerate()}
         for i in range(35):
             run_cycle(p, b, bs=1 + i % 3)
         assert p.flush()
-        outs[threaded] = out
-        if threaded:
+        outs[reading] = out
+        if reading != INLINE:
             assert made_on == {"specprof-outputs"}
             assert all(isinstance(w["window"], int) for w in out)
         else:
             assert made_on == {threading.current_thread().name}
-        if threaded == "outputs":  # no reader thread: the cycles were read here, at each hand-over
+        if reading == AT_HAND_OVER:  # no reader thread: the cycles were read here, at each hand-over
             assert not p.folder.reading_thread and p.totals_now()["decode_cycles"] == 35
     strip = lambda ws: [{k: v for k, v in w.items() if k != "time"} for w in ws]  # noqa: E731
-    assert len(outs[True]) == 3 and strip(outs[True]) == strip(outs[False]) == strip(outs["outputs"])
+    assert len(outs[READER_THREAD]) == 3
+    assert strip(outs[READER_THREAD]) == strip(outs[INLINE]) == strip(outs[AT_HAND_OVER])
 
 
 def test_a_stuck_output_never_blocks_the_hot_path_nor_grows_memory(monkeypatch):
@@ -866,7 +868,7 @@ def test_a_stuck_output_never_blocks_the_hot_path_nor_grows_memory(monkeypatch):
     gate = threading.Event()
     b = FakeBackend()
     p = Profiler(b, interval=5, sink=lambda s: gate.wait(), config={"num_steps": 3}, clock=b.clock,
-                 log_table=False, threaded=True)
+                 log_table=False, reading=READER_THREAD)
     for _ in range(200):  # the sink blocks at the first window; the cycles keep coming
         run_cycle(p, b)
         time.sleep(0.0002)  # the wait for the GPU: the reader's turn
@@ -915,7 +917,7 @@ def test_a_fifo_as_output_is_refused_at_startup(tmp_path):
 # scheduler's thread (the hooks and the commit; the reader thread reads the events), counted at the time of writing
 # plus a margin: a change that makes the hot path do more fails here, on any machine.
 HOT_PATH_CALLS = 20  # 18.1 at the time of writing, timed by phase or not (the gate's and end's writes inline)
-# ... with the reading and folding there too (the server's threaded="outputs"), per phases_every
+# ... with the reading and folding there too (the server's AT_HAND_OVER), per phases_every
 HOT_PATH_READING_CALLS = {1: 78, 4: 60}  # 71.7 and 54.8 at the time of writing (75.4 and 59.4 before a cycle's stall check was a loop)
 # ... and the lines of the profiler's code they run, [reader thread][phases_every]: 293.5 and
 # 226.0 with a reader thread, 864.7 and 579.2 reading there, at the time of writing (3 of them
@@ -973,8 +975,8 @@ class CountingBackend(FakeBackend):
 
 
 @pytest.mark.parametrize("every, most, records, mode", [
-    (1, HOT_PATH_CALLS, 12, True), (4, HOT_PATH_CALLS, 4.5, True),
-    (1, HOT_PATH_READING_CALLS[1], 12, "outputs"), (4, HOT_PATH_READING_CALLS[4], 4.5, "outputs")])
+    (1, HOT_PATH_CALLS, 12, READER_THREAD), (4, HOT_PATH_CALLS, 4.5, READER_THREAD),
+    (1, HOT_PATH_READING_CALLS[1], 12, AT_HAND_OVER), (4, HOT_PATH_READING_CALLS[4], 4.5, AT_HAND_OVER)])
 def test_the_hot_path_stays_small(every, most, records, mode):
     """The hooks alone (a reader thread reads), and the server's way: the hooks and the reading
     and folding on the scheduler's thread, at each hand-over."""
@@ -983,7 +985,7 @@ def test_the_hot_path_stays_small(every, most, records, mode):
 
     b = CountingBackend()
     p = Profiler(b, interval=100, config={"num_steps": 3, "worker": "v2"}, clock=b.clock, log_table=False,
-                 threaded=mode, phases_every=every)
+                 reading=mode, phases_every=every)
     reqs = [Req(10**9) for _ in range(8)]
     names = ["draft_prep", "draft_inputs", "draft", "draft_outputs", "tree", "verify_prep", "verify", "accept",
              "draft_extend_prep", "draft_extend", "draft_extend_post"]
@@ -1014,14 +1016,14 @@ def test_the_hot_path_stays_small(every, most, records, mode):
     assert p.flush()
     per, lines = got["calls"] / 200, got["lines"] / 200
     print(f"{per:.1f} profiler calls and {lines:.1f} lines a cycle on the scheduler's thread")
-    assert lines <= HOT_PATH_LINES[mode is True][every], f"{lines:.1f} profiler lines a cycle"
+    assert lines <= HOT_PATH_LINES[mode == READER_THREAD][every], f"{lines:.1f} profiler lines a cycle"
     assert per <= most, f"{per:.1f} profiler calls a cycle on the scheduler's thread"
     # the scheduler's thread records the events (12 a cycle timed phase by phase, 2 one timed
     # whole); the reader reads them, every one (the server's way: the scheduler's thread)
     assert b.ops["record"] == 200 * records, b.ops
-    at = "@reader" if mode is True else ""
+    at = "@reader" if mode == READER_THREAD else ""
     assert b.ops["elapsed" + at] >= 200 * (records - 1) and b.ops["query" + at] >= 200, b.ops
-    if mode is True:
+    if mode == READER_THREAD:
         assert "query" not in b.ops and "elapsed" not in b.ops, b.ops
 
 
@@ -1043,7 +1045,7 @@ def test_the_hooks_before_the_draft_replay_stay_few(every):
 
     b = FakeBackend()
     p = Profiler(b, interval=100, config={"num_steps": 3, "worker": "v2"}, clock=b.clock, log_table=False,
-                 threaded="outputs", phases_every=every)
+                 reading=AT_HAND_OVER, phases_every=every)
     key = ("g", 8)
     evs = captured_graph(p, b, key, 3)
     counting = [False]
@@ -1188,7 +1190,7 @@ def test_the_reader_waits_for_the_gate_or_an_idle_server(monkeypatch):
 
     b = FakeBackend()
     p = Profiler(b, interval=1000, config={"num_steps": 3, "worker": "v1"}, clock=b.clock, log_table=False,
-                 threaded=True)
+                 reading=READER_THREAD)
     for _ in range(8):  # no `verify` mark: the gate never opens
         run_cycle(p, b, phases=[("draft", 1.0), ("tree", 0.1)], steps=())
     p._hand_over()

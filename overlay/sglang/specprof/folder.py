@@ -6,18 +6,18 @@ windows closed (the summary, the advisor); an outputs thread runs the output pip
 (pipeline.py: the rank exchange, then the log table, the JSONL, Prometheus), so an output
 that blocks stops nothing else.
 
-Where the reading runs (`threaded`, hooks.READING):
-- "outputs" (v2 and a server without speculation): on the scheduler's thread, at each
+Where the reading runs (`reading`, hooks.READING):
+- AT_HAND_OVER (v2 and a server without speculation): on the scheduler's thread, at each
   hand-over; only the closed windows go to the outputs thread. A reader thread would take
   the GIL wherever the scheduler's thread lets it go (each torch call does), and where the
   host is the bottleneck those hand-overs cost the scheduler more than the reading itself
   (bench/hook_cost.py, docs/benchmarks.md).
-- True (v1): on a reader thread, which works while the scheduler's thread waits for the
+- READER_THREAD (v1): on a reader thread, which works while the scheduler's thread waits for the
   verify's result (the `Gate`: the profiler opens it where the worker goes to wait, and
   shuts it where the wait ends), regardless when it falls behind (few free slots left) or
   when nothing opened the gate for IDLE_S (an idle server), giving the GIL back between
   steps (`time.sleep(0)`).
-- False (the tests' default): everything at once on the caller's thread, with the same code.
+- INLINE (the tests' default): everything at once on the caller's thread, with the same code.
 """
 
 from __future__ import annotations
@@ -74,8 +74,17 @@ class Gate:
         return False
 
 
+# where the cycles are read (the module's docstring)
+INLINE = "inline"
+AT_HAND_OVER = "at hand-over"
+READER_THREAD = "reader thread"
+READINGS = (INLINE, AT_HAND_OVER, READER_THREAD)
+
+
 class Folder:
-    def __init__(self, reader, interval, num_steps=None, on_close=None, on_error=None, threaded=False):
+    def __init__(self, reader, interval, num_steps=None, on_close=None, on_error=None, reading=INLINE):
+        if reading not in READINGS:
+            raise ValueError(f"reading is one of {', '.join(READINGS)}, not {reading!r}")
         self.reader = reader  # reads a slot's events (the profiler)
         # the open window holds the decode cycles from the one the last close left off at to
         # `window_end` - 1: the profiler closes it after `interval` acceptance lists, which
@@ -89,8 +98,8 @@ class Folder:
         self.on_error = on_error  # called with an exception the reading or folding raised
         self.observer = None  # told of each cycle read and each list settled (the cost policy), on this thread
         self.dropped_batches = 0  # windows whose outputs were dropped: the outputs were stuck
-        self.threaded = bool(threaded)  # helper threads: the outputs one at least
-        self.reading_thread = threaded is True  # and a reader thread (else this thread reads at each hand-over)
+        self.threaded = threaded = reading != INLINE  # helper threads: the outputs one at least
+        self.reading_thread = reading == READER_THREAD  # and a reader thread (else this thread reads at each hand-over)
         self.gate = Gate()
         self._items: deque = deque()  # handed over, not yet folded
         self._urgent = 0  # flushes waiting: work regardless of the gate

@@ -17,6 +17,7 @@ from sglang_specprof.advisor import NO_DRAFT_MODEL
 from sglang_specprof.table import printable
 
 from . import zero_step
+from .folder import AT_HAND_OVER, READER_THREAD
 from .jsonl import JsonlSink, rank_path
 from .kernel_sampler import CYCLES, KernelSampler
 from . import ngram
@@ -114,14 +115,14 @@ def _resolved(server_args):
         return server_args
 
 
-# Where the events are read: v2 on the scheduler's thread, once a cycle ("outputs": only the
+# Where the events are read: v2 on the scheduler's thread, once a cycle (AT_HAND_OVER: only the
 # closed windows go to a helper), since its wait for the GPU is short or none when the host is
 # the bottleneck and a reader thread then takes the GIL from the scheduler at every torch call
 # (bench/hook_cost.py --wait-kind overlap); v1 on a reader thread, which works inside the
 # verify's wait for its result, a whole forward long, and is idle again when it ends.
 # A server without speculation ("plain") reads as v2 does: its forward under overlap is
 # launched before the result of the one before is waited for.
-READING = {"v1": True, "v2": "outputs", "plain": "outputs"}
+READING = {"v1": READER_THREAD, "v2": AT_HAND_OVER, "plain": AT_HAND_OVER}
 
 
 def _tp_rank() -> int:
@@ -201,7 +202,7 @@ def install(server_args, tp_rank: int | None = 0, worker: str = "v2") -> None:
         P = (PlainProfiler if worker == "plain" else Profiler)(
                      backend, interval=server_args.speculative_profile_interval, sink=sinks,
                      config=config, rank=tp_rank, log_table=(tp_rank == 0), exchange=exchange,
-                     threaded=READING.get(worker, True), on_error=disable,
+                     reading=READING.get(worker, READER_THREAD), on_error=disable,
                      phases_every=config["phases_every"], advice=advice)
         P.follow_gc()
         _follow_pause_signal()

@@ -21,7 +21,7 @@ from collections import deque
 from operator import attrgetter
 
 from .accept import AcceptHooks
-from .folder import Folder
+from .folder import INLINE, Folder
 from .gc_pauses import GcPauses
 from .graphs import DraftGraphs
 from .null import NullProfiler
@@ -54,7 +54,7 @@ class Profiler(AcceptHooks, NullProfiler):
     enabled = True
 
     def __init__(self, backend, interval=100, sink=None, config=None, clock=time.perf_counter, rank=0,
-                 log_table=True, exchange=None, threaded=False, on_error=None, phases_every=1, advice=None):
+                 log_table=True, exchange=None, reading=INLINE, on_error=None, phases_every=1, advice=None):
         self.backend = backend
         self.interval = interval
         self.on_error = on_error
@@ -71,7 +71,7 @@ class Profiler(AcceptHooks, NullProfiler):
         # Reading the events, folding and window closes run in `folder` (helper threads in the
         # server); this thread records the events and hands each cycle's slot over.
         self.folder = Folder(self.reader, interval, self.config.get("num_steps"), on_error=self._fail,
-                             threaded=threaded)
+                             reading=reading)
         given = [] if sink is None else list(sink) if isinstance(sink, (list, tuple)) else [sink]
         sinks = ([LogTableSink(self.folder.pause, advice or Advice())] if log_table else []) + given
         self.outputs = Outputs(sinks, self.folder.pause, self.folder.pause_turn, exchange, rank)
@@ -180,7 +180,7 @@ class Profiler(AcceptHooks, NullProfiler):
     # -- reads ------------------------------------------------------------------------
     @property
     def window(self):
-        """The open window (inline: with every item held; threaded: up to the last batch
+        """The open window (inline: with every item held; else up to the last batch
         folded, see `flush`)."""
         if not self.folder.reading_thread:
             self._hand_over()
