@@ -13,22 +13,28 @@ SHAPES = {
 }
 
 
+def _llama(shape: dict, **fields) -> dict:
+    """A Llama config of `shape` (SHAPES' fields), with `fields` over the common ones."""
+    return {**shape, "hidden_act": "silu", "max_position_embeddings": 8192, "rms_norm_eps": 1e-5,
+            "rope_theta": 500000.0, "torch_dtype": "bfloat16", "tie_word_embeddings": False, "bos_token_id": 1,
+            "eos_token_id": 2, "architectures": ["LlamaForCausalLM"], "model_type": "llama", **fields}
+
+
+def _write(folder: str, config: dict) -> str:
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(config, f)
+    return folder
+
+
 def write_models(root, shape="8b"):
     """A Llama target and a 1-layer EAGLE3 draft of the same width; returns their folders."""
     s = SHAPES[shape]
-    base = dict(s, hidden_act="silu", max_position_embeddings=8192, rms_norm_eps=1e-5, rope_theta=500000.0,
-                torch_dtype="bfloat16", tie_word_embeddings=False, bos_token_id=1, eos_token_id=2)
-    target = os.path.join(root, "target")
-    draft = os.path.join(root, "draft")
-    os.makedirs(target, exist_ok=True)
-    os.makedirs(draft, exist_ok=True)
-    with open(os.path.join(target, "config.json"), "w") as f:
-        json.dump(dict(base, architectures=["LlamaForCausalLM"], model_type="llama"), f)
     n = s["num_hidden_layers"]
-    with open(os.path.join(draft, "config.json"), "w") as f:
-        json.dump(dict(base, architectures=["LlamaForCausalLMEagle3"], model_type="llama", num_hidden_layers=1,
-                       draft_vocab_size=s["vocab_size"], target_hidden_size=s["hidden_size"],
-                       eagle_config={"eagle_aux_hidden_state_layer_ids": [1, n // 2 - 1, n - 4]}), f)
+    target = _write(os.path.join(root, "target"), _llama(s))
+    draft = _write(os.path.join(root, "draft"), _llama(
+        s, architectures=["LlamaForCausalLMEagle3"], num_hidden_layers=1, draft_vocab_size=s["vocab_size"],
+        target_hidden_size=s["hidden_size"], eagle_config={"eagle_aux_hidden_state_layer_ids": [1, n // 2 - 1, n - 4]}))
     return target, draft
 
 
@@ -36,13 +42,7 @@ def write_standalone_draft(root, shape="1b", vocab_of="8b"):
     """A plain Llama model as a STANDALONE draft (Llama-3.2-1B's shape by default) with the
     target's vocabulary; returns its folder."""
     s = dict(SHAPES[shape], vocab_size=SHAPES[vocab_of]["vocab_size"])
-    folder = os.path.join(root, f"draft-{shape}")
-    os.makedirs(folder, exist_ok=True)
-    with open(os.path.join(folder, "config.json"), "w") as f:
-        json.dump(dict(s, hidden_act="silu", max_position_embeddings=8192, rms_norm_eps=1e-5, rope_theta=500000.0,
-                       torch_dtype="bfloat16", tie_word_embeddings=True, bos_token_id=1, eos_token_id=2,
-                       architectures=["LlamaForCausalLM"], model_type="llama"), f)
-    return folder
+    return _write(os.path.join(root, f"draft-{shape}"), _llama(s, tie_word_embeddings=True))
 
 
 def bench_dirs(out, logs, shape="8b"):

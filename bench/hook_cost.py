@@ -33,6 +33,7 @@ import statistics
 import sys
 import time
 
+from sglang.specprof.folder import AT_HAND_OVER, INLINE, READER_THREAD
 from sglang.specprof.profiler import NullProfiler, Profiler
 
 MARKS = ["draft_prep", "draft_inputs", "draft", "draft_outputs", "tree", "verify_prep", "verify", "accept",
@@ -335,7 +336,7 @@ def run(p, cycles, sync, bs=8, buckets=1, wait_s=0.0, ctx=None, wait=gpu_wait, l
 
 # this script's modes (False: inline, True: a reader thread, "outputs": at each hand-over) as
 # the profiler takes them: `reading=` by name, or, in a tree from before it, `threaded=`
-READING_NAMES = {False: "inline", True: "reader thread", "outputs": "at hand-over"}
+READING_NAMES = {False: INLINE, True: READER_THREAD, "outputs": AT_HAND_OVER}
 
 
 def reading_kw(cls, mode) -> dict:

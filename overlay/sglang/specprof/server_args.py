@@ -150,7 +150,7 @@ def validate(args) -> None:
 
 def multi_layer_eagle(args) -> bool:
     """Whether the server will run multi-layer EAGLE: the flag, or SGLang turning it on for the
-    model (MiMoV2, Step3p5 with EAGLE). From 0.5.16 a model's settings are declared while the
+    model (MiMoV2, Step3p5 with EAGLE). From 0.5.15 a model's settings are declared while the
     arguments resolve and land on the fields only after this check runs, so the declarations
     are read too, the last one winning as when SGLang applies them."""
     value = getattr(args, "enable_multi_layer_eagle", False)

@@ -21,9 +21,10 @@ BEHIND = POOL // 4  # free slots below which the scheduler's thread reads cycles
 # items held on the scheduler's thread before they go to a reader thread: about 64 cycles
 # (each hand-over wakes the reader, which then wants the GIL), 8 under the cost policy (its
 # figures come from the cycles read). Read on the scheduler's thread (the server's way): every
-# 16 cycles, what completed is read at once (the caches stay warm for all but the first:
-# bench/server_hooks), at the cycle's end, where the GPU has the verify and the draft extend
-# still to run; a cycle at a time under the cost policy, which steers by the cycles read
+# 32 items (about 16 cycles: a cycle and its acceptance list each), what completed is read at
+# once (the caches stay warm for all but the first: bench/server_hooks), at the cycle's end,
+# where the GPU has the verify and the draft extend still to run; a cycle at a time under the
+# cost policy, which steers by the cycles read
 HAND_OVER = 128
 HAND_OVER_POLICY = 16
 HAND_OVER_INLINE = 32
