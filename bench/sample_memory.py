@@ -10,6 +10,7 @@ alternating order:
 
   drop      the profile object dropped after the read (as the sampler did before)
   release   `kernel_sampler.release(prof)` after the read (what the sampler does now)
+  trim      release, then glibc's malloc_trim(0) (`--modes`; freed memory the allocator still held)
 
 and records the process's RSS (VmRSS, MB) every `--every` sessions, and how many full
 collections ran. The result: each mode's RSS growth per session after the first
@@ -54,7 +55,7 @@ def child(mode: str, sessions: int, kernels: int, heap: int, every: int, device:
     cuda = device == "cuda"
     activities = [tp.ProfilerActivity.CPU] + ([tp.ProfilerActivity.CUDA] if cuda else [])
     x = torch.ones(64, device=device)
-    samples, events_seen = [], 0
+    samples, events_seen, trim_s = [], 0, []
     t0 = time.time()
     for s in range(sessions):
         prof = tp.profile(activities=activities, record_shapes=False, with_stack=False, profile_memory=False)
@@ -68,14 +69,30 @@ def child(mode: str, sessions: int, kernels: int, heap: int, every: int, device:
         events = prof.profiler.kineto_results.events()
         events_seen += sum(1 for e in events if str(e.device_type()).endswith("CUDA")) if cuda else len(events)
         del events
-        if mode == "release":
+        if mode in ("release", "trim"):
             release(prof)
         del prof
+        if mode == "trim":
+            t1 = time.perf_counter()
+            trim()
+            trim_s.append(time.perf_counter() - t1)
         if s % every == 0 or s == sessions - 1:
             samples.append((s, round(rss_mb(), 1), len(full)))
+    before_trim = rss_mb()
+    trim()  # what the allocator gives back at the end: freed memory it held, as against memory still in use
+    after_trim = rss_mb()
     del keep
     return {"mode": mode, "samples": samples, "full_collections": len(full), "seconds": round(time.time() - t0, 1),
-            "events_per_session": round(events_seen / sessions, 1)}
+            "events_per_session": round(events_seen / sessions, 1), "rss_mb_before_after_final_trim":
+            [round(before_trim, 1), round(after_trim, 1)],
+            "trim_ms_median": round(sorted(trim_s)[len(trim_s) // 2] * 1e3, 3) if trim_s else None}
+
+
+def trim() -> None:
+    """glibc's malloc_trim(0): free memory in every arena handed back to the system."""
+    import ctypes
+
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 def slope(points, warm):
@@ -100,6 +117,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                     help="cpu: CPU activity only, the ops on the CPU (events: the host's ops)")
+    ap.add_argument("--modes", nargs="+", choices=("drop", "release", "trim"), default=["drop", "release"])
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
@@ -108,7 +126,7 @@ def main():
     os.makedirs(a.out, exist_ok=True)
     runs = []
     for r in range(a.rounds):
-        for mode in (("drop", "release") if r % 2 == 0 else ("release", "drop")):
+        for mode in a.modes if r % 2 == 0 else a.modes[::-1]:
             proc = subprocess.run([sys.executable, __file__, "--out", a.out, "--child", mode, "--sessions",
                                    str(a.sessions), "--kernels", str(a.kernels), "--heap", str(a.heap),
                                    "--every", str(a.every), "--device", a.device], capture_output=True, text=True)

@@ -5,7 +5,7 @@ import pytest
 
 from fakes import FakeBackend, FakeTorch
 from sglang.specprof import hooks
-from sglang.specprof.kernel_sampler import KernelSampler, analyse_sample
+from sglang.specprof.kernel_sampler import MAX_ENV, MAX_SAMPLES, KernelSampler, analyse_sample, max_samples_from_env
 from sglang.specprof.profiler import RECORDER_HOOKS, Profiler
 from sglang_specprof import kernels as K
 from sglang_specprof.table import format_summary
@@ -226,7 +226,7 @@ def test_no_sample_while_another_torch_profiler_runs(rig):
         cycle(p, ft)
     p.flush()
     assert p.kernels.samples == 0 and p.kernels.skipped == 1
-    assert out[-1]["kernel_samples"] == {"taken": 0, "skipped": 1}
+    assert out[-1]["kernel_samples"] == {"taken": 0, "skipped": 1, "max": MAX_SAMPLES}
     assert not any(w.get("kernels") for w in out)
     assert hooks.P is p and p.begin.__self__ is p.recorder  # the recorder's own, not patched
 
@@ -412,3 +412,63 @@ def test_windows_and_kernel_samples_leave_no_cyclic_garbage(rig):
         gc.enable()
     assert samples >= 4
     assert left == 0
+
+
+def test_a_process_takes_at_most_its_limit_of_samples_and_says_so_once(rig, caplog):
+    """torch's profiler keeps host memory for every sample, for good: past the limit no sample
+    is armed (the hooks stay the profiler's own), one warning says why, the windows say how many."""
+    p, b, ft, out = rig
+    p.kernels.max_samples = 2
+    with caplog.at_level("WARNING", logger="sglang.specprof"):
+        for _ in range(80):  # 16 windows of 5 cycles: a sample due every 2
+            cycle(p, ft)
+        p.flush()
+    assert p.kernels.samples == 2 and sum(1 for w in out if w.get("kernels")) == 2
+    assert ft.starts == 1 + 2  # the warm-up, then the two samples: no torch profiler after the limit
+    assert hooks.P is p and p.kernels.state == "idle"
+    assert out[-1]["kernel_samples"] == {"taken": 2, "skipped": 0, "max": 2}
+    said = [r.getMessage() for r in caplog.records if MAX_ENV in r.getMessage()]
+    assert len(said) == 1 and "2 kernel samples taken" in said[0], said
+
+
+def test_no_limit_when_told_none(rig):
+    p, b, ft, out = rig
+    p.kernels.max_samples = 0
+    for _ in range(80):
+        cycle(p, ft)
+    p.flush()
+    assert p.kernels.samples >= 5
+
+
+@pytest.mark.parametrize("raw,want,warns", [("", MAX_SAMPLES, False), ("0", 0, False), ("7", 7, False),
+                                            (" 12 ", 12, False), ("-1", MAX_SAMPLES, True), ("1.5", MAX_SAMPLES, True),
+                                            ("nan", MAX_SAMPLES, True), ("lots", MAX_SAMPLES, True)])
+def test_the_limit_read_from_the_environment(monkeypatch, caplog, raw, want, warns):
+    monkeypatch.setenv(MAX_ENV, raw)
+    with caplog.at_level("WARNING", logger="sglang.specprof"):
+        assert max_samples_from_env() == want
+    assert any(MAX_ENV in r.getMessage() for r in caplog.records) == warns
+
+
+def test_install_says_the_limit_and_the_profile_records_it(monkeypatch, caplog):
+    import sys
+    import types
+
+    class Backend(FakeBackend):
+        kind = "fake"
+
+    monkeypatch.setitem(sys.modules, "sglang.specprof.cuda_backend", types.SimpleNamespace(CudaBackend=Backend))
+    monkeypatch.setitem(sys.modules, "torch", FakeTorch(FakeBackend()))
+    monkeypatch.setattr(hooks, "P", hooks.P)
+    monkeypatch.setenv(MAX_ENV, "30")
+    args = types.SimpleNamespace(speculative_profile=True, speculative_algorithm="EAGLE3", speculative_num_steps=3,
+                                 speculative_eagle_topk=1, speculative_num_draft_tokens=4,
+                                 speculative_profile_interval=100, speculative_profile_output=None, tp_size=1,
+                                 speculative_profile_kernels=4)
+    with caplog.at_level("INFO", logger="sglang.specprof"):
+        hooks.install(args, 0, "v2")
+    try:
+        assert hooks.P.kernels.max_samples == 30 and hooks.P.config["kernels_max"] == 30
+        assert any("every 4 windows, at most 30 (CUPTI" in r.getMessage() for r in caplog.records), caplog.text
+    finally:
+        hooks.P.close()

@@ -212,7 +212,9 @@ def install(server_args, tp_rank: int | None = 0, worker: str = "v2") -> None:
             try:
                 P.kernels = KernelSampler(P, every, swap=swap)
                 P.config["kernels_every"] = every
-                kernels = f", kernel sample of {CYCLES} cycles every {every} windows (CUPTI ready in {P.kernels.warm_s} s)"
+                most = P.config["kernels_max"] = P.kernels.max_samples
+                kernels = (f", kernel sample of {CYCLES} cycles every {every} windows, "
+                           f"{'at most %d' % most if most else 'no limit'} (CUPTI ready in {P.kernels.warm_s} s)")
             except Exception as e:
                 logger.warning("speculative profile: no kernel samples (%s: %s).", type(e).__name__, e)
         every_phase = config["phases_every"]

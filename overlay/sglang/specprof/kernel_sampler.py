@@ -16,11 +16,18 @@ event, the hooks call the sampler in the profiler's place (hooks.swap, as a paus
 and each of its hooks calls the profiler's own; the profiler itself is never patched. A
 sample never starts while another torch profiler is on (SGLang's /start_profile): it is
 skipped and counted.
+
+torch's profiler keeps host memory for every sample it records, for good (about 140 bytes a
+CUDA kernel launched, which neither releasing its results nor the allocator's trim gives back:
+bench/sample_memory.py; 1.6 MB a sample in the 8B-shaped soak, bench/soak.py). So a process
+takes at most SGLANG_SPECPROF_KERNELS_MAX samples (MAX_SAMPLES by default, 0 for no limit) and
+says so when it has taken the last.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import time
 
 from sglang_specprof.kernels import analyse, from_kineto
@@ -29,6 +36,25 @@ logger = logging.getLogger("sglang.specprof")
 
 CYCLES = 4  # decode cycles per sample, after one of context: the stop costs about 12 ms a cycle recorded
 WAIT_CYCLES = 64  # cycles the stretch's last event may take to complete before the sample is given up
+MAX_SAMPLES = 100  # a process's samples (at the default spacing, 400 windows, about 8 hours of an 8B model's)
+MAX_ENV = "SGLANG_SPECPROF_KERNELS_MAX"
+
+
+def max_samples_from_env() -> int:
+    """The limit from SGLANG_SPECPROF_KERNELS_MAX: a whole number of samples, 0 for none; any
+    other value is one warning and the default."""
+    raw = os.environ.get(MAX_ENV, "")
+    if not raw.strip():
+        return MAX_SAMPLES
+    try:
+        n = int(raw)
+    except ValueError:
+        n = -1
+    if n < 0:
+        logger.warning("speculative profile: %s=%s is not a number of kernel samples (0 for no limit); using %d.",
+                       MAX_ENV, ascii(raw), MAX_SAMPLES)
+        n = MAX_SAMPLES
+    return n
 
 
 class KernelSampler:
@@ -39,7 +65,8 @@ class KernelSampler:
 
     enabled = True
 
-    def __init__(self, profiler, every: int, cycles: int = CYCLES, torch_module=None, *, swap):
+    def __init__(self, profiler, every: int, cycles: int = CYCLES, torch_module=None, *, swap,
+                 max_samples: int | None = None):
         if torch_module is None:
             import torch as torch_module
         self.torch = torch_module
@@ -57,6 +84,8 @@ class KernelSampler:
         self.sample = None
         self.samples = 0
         self.skipped = 0  # due, but another torch profiler was on
+        self.max_samples = max_samples_from_env() if max_samples is None else max_samples  # 0: no limit
+        self.ended = False  # the limit reached
         self.warm_s = self._warm()
 
     def __getattr__(self, name):
@@ -87,8 +116,15 @@ class KernelSampler:
     # -- on the scheduler's thread --------------------------------------------------
     def window_closed(self, index: int) -> None:
         """The profiler closed window `index`: every `every` windows a sample is armed, and
-        this object takes the hooks until it is done."""
+        this object takes the hooks until it is done; none after the process's limit."""
         if self.state == "idle" and (index + 1) % self.every == 0:
+            if self.max_samples and self.samples >= self.max_samples:
+                if not self.ended:
+                    self.ended = True
+                    logger.warning("speculative profile: %d kernel samples taken, the most %s allows (torch's "
+                                   "profiler keeps host memory for each, for good); no more are taken.",
+                                   self.samples, MAX_ENV)
+                return
             self.state = "armed"
             p = self.profiler
             p.every_phase(True)  # the sampled cycles timed phase by phase, to set beside their kernels

@@ -333,7 +333,8 @@ class Reader:
         extra["steps_lost"] = self.graphs.lost
         extra["totals"] = self.totals(extra.pop("tokens"))
         if self.kernels is not None:
-            extra["kernel_samples"] = {"taken": self.kernels.samples, "skipped": self.kernels.skipped}
+            k = self.kernels
+            extra["kernel_samples"] = {"taken": k.samples, "skipped": k.skipped, "max": k.max_samples}
 
     def totals(self, tokens) -> dict:
         with self.lock:
