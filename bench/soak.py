@@ -253,6 +253,7 @@ def read_windows(paths) -> dict:
                 "committed_tokens": (obj.get("totals") or {}).get("committed_tokens"),
                 "kernel_samples": obj.get("kernel_samples"),
                 "kernels": None if not isinstance(k, dict) else ("error" if "error" in k else "ok"),
+                "kernel_records": k.get("records") if isinstance(k, dict) else None,
                 **{c: obj.get(c) for c in LOSS_COUNTERS + ("uncut_cycles",)}})
         files.append({"file": os.path.basename(path), "bytes": len(data), "windows": count})
     return {"windows": windows, "lines": lines, "torn": torn, "bad": bad, "files": files}
@@ -288,6 +289,9 @@ def window_accounting(read: dict, published_last: int | None = None) -> dict:
     out["kernel_samples"] = final.get("kernel_samples")
     out["kernel_blocks"] = sum(w["kernels"] == "ok" for w in ws)
     out["kernel_errors"] = sum(w["kernels"] == "error" for w in ws)
+    recs = [w["kernel_records"] for w in ws if w["kernels"] == "ok"]
+    if recs and all(isinstance(r, int) for r in recs):  # what torch recorded in every sample read
+        out["kernel_records"] = sum(recs)
     lost = out["missing"] + out.get("missing_before_first", 0) + out.get("missing_at_end", 0) + len(read["torn"]) \
         + len(read["bad"]) + sum(out["counters"].get(c) or 0 for c in LOSS_COUNTERS)
     out["lost_total"] = lost
@@ -375,6 +379,10 @@ def analyse(samples: list, warmup_s: float, read: dict | None = None, published_
             out["rss_excess_per_window_kb"] = excess_kb / acc["windows"]
             if ks:
                 out["rss_excess_per_kernel_sample_kb"] = excess_kb / ks
+            if acc.get("kernel_records") and acc["kernel_blocks"]:
+                # per event torch recorded, the samples not read (skipped, failed) taken as the read ones
+                per_sample = acc["kernel_records"] / acc["kernel_blocks"]
+                out["rss_excess_per_kernel_record_b"] = excess_kb * 1024 / (per_sample * (ks or acc["kernel_blocks"]))
     return out
 
 

@@ -86,6 +86,8 @@ def test_a_sample_attributes_every_kernel_to_its_phase(rig):
     assert ft.synced == 1  # only the warm-up's stop synchronised; a sample's does not
     ph = k["phases"]
     assert list(ph) == [n for n, _ in CYCLE]
+    # every event torch recorded: each kernel's launch and its run, the annotations, the context cycle
+    assert k["records"] > 2 * sum(q["kernels"] for q in ph.values())
     v = ph["verify"]
     assert v["cycles"] == 3 and v["kernels"] == 12
     assert v["busy_ms"]["gemm"] == pytest.approx(12.0)

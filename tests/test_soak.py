@@ -168,3 +168,23 @@ def test_the_soak_runs_both_servers_at_once_against_the_stand_in(tmp_path):
     # the stand-in never idles, so its open window stays open: the JSONL's total is behind
     assert 0 < t["jsonl_last_total"] <= t["profile_committed_tokens"] + 10**9 and "exact" in t
     assert "on - off" in proc.stdout and "windows" in proc.stdout
+
+
+def test_the_excess_is_given_per_kernel_sample_and_per_event_torch_recorded(tmp_path):
+    """2 MB a minute more on the on server over 10 minutes, 10 samples of 1000 events: 2 MB a
+    sample, about 2 KB an event."""
+    path = tmp_path / "on.jsonl"
+    lines = []
+    for i in range(30):
+        over = {"kernel_samples": {"taken": (i + 1) // 3, "skipped": 0, "max": 100}}
+        if i % 3 == 2:
+            over["kernels"] = {"records": 1000, "cycles": 4}
+        lines.append(json.dumps(_window(i, **over)))
+    path.write_text("\n".join(lines) + "\n")
+    read = soak.read_windows([str(path)])
+    samples = [{"t": t, "on": {"sched_rss_mb": 1000 + 2.0 * t / 60}, "off": {"sched_rss_mb": 1000.0 + (t % 20) * 1e-3}}
+               for t in range(0, 601, 10)]
+    out = soak.analyse(samples, 0, read=read)
+    assert out["windows"]["kernel_records"] == 10_000 and out["windows"]["kernel_blocks"] == 10
+    assert out["rss_excess_per_kernel_sample_kb"] == pytest.approx(2 * 1024, rel=0.01)
+    assert out["rss_excess_per_kernel_record_b"] == pytest.approx(2 * 1024 * 1024 / 1000, rel=0.01)

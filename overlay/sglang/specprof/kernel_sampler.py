@@ -296,6 +296,7 @@ def analyse_sample(smp: dict, pause=None) -> dict:
     prof = smp.pop("prof", None)
     try:
         events = prof.profiler.kineto_results.events()
+        records = len(events)  # what torch recorded (it keeps host memory for each: MAX_ENV)
         norm = from_kineto(events, pause)
         del events
     finally:
@@ -308,4 +309,5 @@ def analyse_sample(smp: dict, pause=None) -> dict:
                        "analyse": round(time.perf_counter() - t0, 5),
                        "span": round(smp.get("host_span_s", 0.0), 5)}
     block["cycles_run"] = smp.get("cycles_run")  # cycles started while the torch profiler ran
+    block["records"] = records
     return block
