@@ -1144,19 +1144,25 @@ def test_an_option_that_would_do_nothing_is_refused_in_one_sentence(fields, says
     ([("model", {"enable_multi_layer_eagle": True}), ("user", {"enable_multi_layer_eagle": False})], False),
     ([("model", {"attention_backend": "fa3"})], False),
 ])
-def test_multi_layer_eagle_that_sglang_turns_on_for_the_model_is_refused_too(declared, refused):
-    """From 0.5.16 SGLang declares multi-layer EAGLE for MiMoV2 and Step3p5 models while the
+def test_multi_layer_eagle_that_sglang_turns_on_for_the_model_is_refused_too(declared, refused, monkeypatch):
+    """From 0.5.15 SGLang declares multi-layer EAGLE for MiMoV2 and Step3p5 models while the
     arguments resolve, and sets the field only after the profiler's check: the check reads the
-    declarations (the last one wins), so such a server is refused, not served unprofiled."""
+    declarations (the last one wins), so on a release whose multi-layer worker is not timed
+    (before 0.5.16) such a server is refused, not served unprofiled; from 0.5.16 it is taken."""
     from sglang.specprof import server_args as spa
 
     args = type("Args", (_Args,), {"speculative_algorithm": "EAGLE", "enable_multi_layer_eagle": False,
                                    "_resolved_overrides": declared})()
+    monkeypatch.setattr(spa, "multi_layer_timed", lambda: False)
     if refused:
-        with pytest.raises(spa.SpecProfileArgError, match="does not time --enable-multi-layer-eagle yet"):
+        with pytest.raises(spa.SpecProfileArgError) as e:
             spa.validate(args)
+        assert str(e.value) == ("--speculative-profile times --enable-multi-layer-eagle from SGLang 0.5.16 on; "
+                                "profile without it here.")
     else:
         spa.validate(args)
+    monkeypatch.setattr(spa, "multi_layer_timed", lambda: True)
+    spa.validate(args)
 
 
 @pytest.mark.parametrize("culprit", ["fifo", "folder"])

@@ -16,6 +16,7 @@ import sys
 import textwrap
 
 import pytest
+from packaging.version import Version
 
 from conftest import ROOT, run_build
 from specprof_build import release
@@ -223,12 +224,19 @@ def test_an_algorithm_the_release_has_and_the_profile_does_not_is_refused_in_one
                                     "--speculative-algorithm DFLASH")
 
 
-def test_multi_layer_eagle_is_refused_rather_than_served_unprofiled(parsed):
-    """Its worker has no hook: the flag accepted there would serve a profile that stays empty."""
+def test_multi_layer_eagle_is_taken_from_0_5_16_and_refused_before(parsed):
+    """Up to 0.5.15 its worker verifies with code of its own (no hook): the flag accepted there
+    would serve a profile that stays empty. From 0.5.16 its cycle is wrapped (multilayer.py)."""
     if not re.search(r"^\s+--enable-multi-layer-eagle(?![-\w])", parsed["help"], re.M):
         assert parsed["multi-layer"]["rc"] == 2  # upstream's parser: no such option
         pytest.skip("this release has no --enable-multi-layer-eagle")
-    _one_sentence(parsed["multi-layer"], "--speculative-profile does not time --enable-multi-layer-eagle yet")
+    if Version(parsed["version"]) >= Version("0.5.16"):
+        case = parsed["multi-layer"]
+        assert case["rc"] == 0, case["stderr"]
+        assert case["got"]["algo"] == "EAGLE3" and case["got"]["profile"] is True
+    else:
+        _one_sentence(parsed["multi-layer"], "--speculative-profile times --enable-multi-layer-eagle from SGLang "
+                                             "0.5.16 on")
 
 
 @pytest.mark.parametrize("name, says", [

@@ -3,8 +3,9 @@
 With --speculative-profile off, `P` stays a NullProfiler and each hook is one Python
 call that does nothing. `install()` runs once per scheduler process, from the EAGLE (or
 STANDALONE) worker's constructor, before the draft CUDA graphs are captured; on an NGRAM
-server (no draft model, no graphs of its own) and a server without speculation, from the
-scheduler's idle housekeeping before the first request (`idle`).
+server (no draft model, no graphs of its own), a multi-layer EAGLE server (its constructor is
+not EAGLE's; no EAGLE draft graphs) and a server without speculation, from the scheduler's
+idle housekeeping before the first request (`idle`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from . import zero_step
 from .folder import AT_HAND_OVER, READER_THREAD
 from .jsonl import JsonlSink, rank_path
 from .kernel_sampler import CYCLES, KernelSampler
-from . import ngram
+from . import multilayer, ngram
 from .null import NullProfiler
 from .plain import PlainProfiler, time_forwards
 from .policy import POLICY_FILE_ENV, CostPolicy, follow_file
@@ -234,7 +235,8 @@ def idle(scheduler=None) -> None:
     profiler's idle close (`Profiler.idle`), and, the first time, the Scheduler itself, which
     idles before its first request: the profiler reads its waiting queue from then on, and on a
     server without speculation given --speculative-profile, the plain profile starts here, on
-    an NGRAM server the NGRAM worker's (ngram.py)."""
+    an NGRAM server the NGRAM worker's (ngram.py), on a multi-layer EAGLE server its worker's
+    (multilayer.py)."""
     if scheduler is not _state["scheduler"]:
         _attach(scheduler)
     P.idle()
@@ -259,6 +261,10 @@ def _attach(scheduler) -> None:
                 install(args, rank, ngram.worker_kind(worker))
                 if P.enabled:
                     ngram.time_cycles(worker, lambda: P)
+            elif multilayer.is_multi_layer(worker):  # nor has multi-layer EAGLE's (multilayer.py)
+                install(args, rank, "v2")
+                if P.enabled:
+                    multilayer.time_cycles(worker, lambda: P)
         for p in (P, _state["paused"]):
             if p is not None and p.enabled:
                 _own(p).scheduler = scheduler

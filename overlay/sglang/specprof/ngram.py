@@ -24,7 +24,7 @@ itself, where the commit hooks every series has settle them, as for EAGLE v2.
 
 from __future__ import annotations
 
-from .plain import decoding, wrap
+from .plain import decoding, harvest_first, mark_after, wrap
 
 MATCH = "ngram_match"
 PREP = "verify_prep"
@@ -79,17 +79,6 @@ def time_cycles(worker, profiler_of) -> bool:
             return out
         return forward_batch_generation
 
-    def after(name):
-        def make(orig):
-            def method(*args, **kwargs):
-                out = orig(*args, **kwargs)
-                p = state["p"]
-                if p is not None and state["decode"]:
-                    p.mark(name)
-                return out
-            return method
-        return make
-
     def update(orig):
         def method(*args, **kwargs):
             p = state["p"]
@@ -109,14 +98,8 @@ def time_cycles(worker, profiler_of) -> bool:
             return out
         return forward_batch_generation
 
-    def harvest(orig):
-        def on_verify_complete_cpu(correct, *args, **kwargs):
-            profiler_of().harvest(correct)
-            return orig(correct, *args, **kwargs)
-        return on_verify_complete_cpu
-
-    _wrap(worker, "_prepare_draft_tokens", after(MATCH))
-    _wrap(worker, "_prepare_for_speculative_decoding", after(PREP))
+    _wrap(worker, "_prepare_draft_tokens", mark_after(state, MATCH))
+    _wrap(worker, "_prepare_for_speculative_decoding", mark_after(state, PREP))
     for name in UPDATE_METHODS:
         if hasattr(worker, name):
             _wrap(worker, name, update)
@@ -125,7 +108,7 @@ def time_cycles(worker, profiler_of) -> bool:
     if not getattr(target.forward_batch_generation, "specprof_ngram", False):
         _wrap(target, "forward_batch_generation", verify)
     if not v1:
-        _wrap(worker, "on_verify_complete_cpu", harvest)
+        _wrap(worker, "on_verify_complete_cpu", harvest_first(profiler_of))
     _wrap(worker, "forward_batch_generation", forward)  # last: its mark says the rest are in place
     return True
 

@@ -54,6 +54,31 @@ def wrap(obj, name, make, marker):
     setattr(obj, name, new)
 
 
+def mark_after(state: dict, name: str, in_decode: bool = True):
+    """For `wrap`: the method, then `name` marked on the cycle in flight (`state["p"]`, the
+    profiler a wrapped cycle set, None outside one) when its kind (`state["decode"]`) is `in_decode`."""
+    def make(orig):
+        def method(*args, **kwargs):
+            out = orig(*args, **kwargs)
+            p = state["p"]
+            if p is not None and state["decode"] == in_decode:
+                p.mark(name)
+            return out
+        return method
+    return make
+
+
+def harvest_first(profiler_of):
+    """For `wrap` on a v2 worker's `on_verify_complete_cpu`: the accepted lengths the scheduler
+    hands it go to the profiler first."""
+    def make(orig):
+        def on_verify_complete_cpu(correct, *args, **kwargs):
+            profiler_of().harvest(correct)
+            return orig(correct, *args, **kwargs)
+        return on_verify_complete_cpu
+    return make
+
+
 def time_forwards(worker, profiler_of) -> bool:
     """Wrap `worker.forward_batch_generation` (on the instance) so that each decode and prefill
     forward is a cycle of the profiler `profiler_of()` gives at the call (the hooks' `P`, which

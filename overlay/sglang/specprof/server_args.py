@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import stat
 
 from .jsonl import rank_path
@@ -119,10 +120,11 @@ def validate(args) -> None:
     algo = args.speculative_algorithm
     # without speculation each forward is timed whole (plain.py): the baseline a step-0 cycle
     # is compared with
-    if multi_layer_eagle(args):
-        # its worker (MultiLayerEagleWorkerV2) carries no hook: served unprofiled, it would look profiled
-        raise SpecProfileArgError("--speculative-profile does not time --enable-multi-layer-eagle yet; profile "
-                                  "without it.")
+    if multi_layer_eagle(args) and not multi_layer_timed():
+        # up to 0.5.15 its worker verifies with code of its own (no hook inside): served, the
+        # profile would stay empty
+        raise SpecProfileArgError("--speculative-profile times --enable-multi-layer-eagle from SGLang "
+                                  f"{'.'.join(map(str, MULTI_LAYER_FROM))} on; profile without it here.")
     if algo is not None and str(algo).upper() not in PROFILED_ALGORITHMS:
         raise SpecProfileArgError(
             f"--speculative-profile times the EAGLE, EAGLE3, STANDALONE and NGRAM workers only, "
@@ -146,6 +148,20 @@ def validate(args) -> None:
                 _check_file(rank_path(path, rank), f"--speculative-profile-output {path}: rank {rank}'s file ")
         else:
             _check_file(path, "--speculative-profile-output ")
+
+
+MULTI_LAYER_FROM = (0, 5, 16)  # the multi-layer worker verifies through run_eagle_verify (multilayer.py)
+
+
+def multi_layer_timed(version: str | None = None) -> bool:
+    """Whether this SGLang's multi-layer EAGLE worker can be timed (MULTI_LAYER_FROM on)."""
+    if version is None:
+        try:
+            from sglang.version import __version__ as version
+        except Exception:
+            return False
+    m = re.match(r"(\d+)\.(\d+)\.(\d+)", str(version))
+    return bool(m) and tuple(map(int, m.groups())) >= MULTI_LAYER_FROM
 
 
 def multi_layer_eagle(args) -> bool:

@@ -1,0 +1,111 @@
+"""--speculative-profile on multi-layer EAGLE (`--enable-multi-layer-eagle`, or SGLang turning it
+on for MiMoV2 and Step3p5 models), 0.5.16 and later.
+
+`MultiLayerEagleWorkerV2` drafts with the MTP layers inside its draft extend: a decode cycle of
+its `forward_batch_generation` is the draft (`draft_worker.draft`: the draft input prepared and
+`draft_forward`, which runs no model, only reorders the last extend's top-k), the tree
+(`build_eagle_verify_input`), from 0.5.20 the draft extend's plan staged ahead of the verify
+(`_draft_extend_plan_for_decode`), the verify (`run_eagle_verify`, shared with EAGLE: its hooks
+mark verify_prep, verify and accept), and the draft extend, every MTP layer once
+(`_draft_extend_for_decode`). Phases: draft, tree, [draft_extend_plan,] verify_prep, verify,
+accept, draft_extend. A prefill cycle is the target's forward (target_extend) and the draft's
+extend over the prompt (draft_extend).
+
+Its constructor is not EAGLE's and carries no hook: as for NGRAM, the scheduler's idle
+housekeeping (before the first request) installs the profiler and wraps these methods on the
+worker's instances. The tree mark comes from the series' hook in `build_eagle_verify_input`
+where a release has it there (0.5.16 to 0.5.20), else from the draft's return. Acceptance: the
+scheduler hands the correct drafts to `on_verify_complete_cpu` (BaseSpecWorker's, which does
+nothing here) and commits the tokens where the series' commit hooks settle them. Up to 0.5.15
+the worker verifies with code of its own (no hook inside) and 0.5.12's v1 worker has its own
+tree: the startup check refuses the flag there (`server_args.MULTI_LAYER_FROM`).
+"""
+
+from __future__ import annotations
+
+from .plain import decoding, harvest_first, mark_after, wrap
+
+DRAFT = "draft"
+TREE = "tree"
+PLAN = "draft_extend_plan"
+EXTEND = "draft_extend"
+TARGET = "target_extend"
+MARKER = "specprof_multilayer"
+
+
+def is_multi_layer(worker) -> bool:
+    """The multi-layer EAGLE v2 worker (by its class, whatever module holds it)."""
+    return type(worker).__name__ == "MultiLayerEagleWorkerV2"
+
+
+def _tree_hooked() -> bool:
+    """Whether the series' hook marks the tree inside `build_eagle_verify_input` (0.5.16 to 0.5.20;
+    0.5.21 moved it into the EAGLE worker's draft)."""
+    try:
+        from sglang.srt.speculative import eagle_worker_common as common
+
+        code = common.build_eagle_verify_input.__code__
+        return "specprof" in code.co_names and TREE in code.co_consts
+    except Exception:
+        return False
+
+
+def time_cycles(worker, profiler_of, tree_hooked: bool | None = None) -> bool:
+    """Wrap the worker's cycle (on its instances) so that each decode and prefill is a cycle of
+    the profiler `profiler_of()` gives at its start (the hooks' `P`, which a pause or an internal
+    error replaces). False where it was already wrapped."""
+    if getattr(worker.forward_batch_generation, MARKER, False):
+        return False
+    if tree_hooked is None:
+        tree_hooked = _tree_hooked()
+    draft_worker = worker.draft_worker
+    steps = getattr(worker, "speculative_num_steps", None)
+    state = {"p": None, "decode": False}  # the profiler and kind of the cycle in flight
+
+    def forward(orig):
+        def forward_batch_generation(batch, *args, **kwargs):
+            p = profiler_of()
+            decode = decoding(batch) if p.enabled else None
+            if decode is None:
+                return orig(batch, *args, **kwargs)
+            try:
+                bs = len(batch.reqs)
+                if decode and getattr(batch, "is_extend_in_batch", False):
+                    decode = False  # upstream takes its prefill path for a batch with an extend in it
+            except Exception:  # never take the server down: the cycle goes untimed
+                return orig(batch, *args, **kwargs)
+            if decode:
+                p.begin("decode", bs, batch, steps)
+            else:
+                p.begin("prefill", bs)
+            state["p"], state["decode"] = p, decode
+            try:
+                out = orig(batch, *args, **kwargs)
+            finally:
+                state["p"] = None
+            p.end()
+            return out
+        return forward_batch_generation
+
+    def prefill_extend(orig):
+        def _draft_extend_for_prefill(*args, **kwargs):
+            p = state["p"]
+            if p is not None and not state["decode"]:
+                p.mark(TARGET)
+            return orig(*args, **kwargs)
+        return _draft_extend_for_prefill
+
+    def _wrap(obj, name, make):
+        wrap(obj, name, make, MARKER)
+
+    _wrap(draft_worker, "draft_forward", mark_after(state, DRAFT))
+    if not tree_hooked:
+        _wrap(draft_worker, "draft", mark_after(state, TREE))
+    if hasattr(draft_worker, "_draft_extend_plan_for_decode"):  # 0.5.20+
+        _wrap(draft_worker, "_draft_extend_plan_for_decode", mark_after(state, PLAN))
+    _wrap(draft_worker, "_draft_extend_for_decode", mark_after(state, EXTEND))
+    _wrap(draft_worker, "_draft_extend_for_prefill", prefill_extend)
+    _wrap(draft_worker, "_draft_extend_for_prefill", mark_after(state, EXTEND, in_decode=False))
+    _wrap(worker, "on_verify_complete_cpu", harvest_first(profiler_of))
+    _wrap(worker, "forward_batch_generation", forward)  # last: its mark says the rest are in place
+    return True

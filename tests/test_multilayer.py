@@ -1,0 +1,204 @@
+"""Multi-layer EAGLE (MultiLayerEagleWorkerV2, 0.5.16 on), profiled on the CPU with a fake worker
+shaped as upstream's: its cycle wrapped on the instances from `hooks.idle` (multilayer.py), the
+verify's marks from the series' hooks in `run_eagle_verify`, the tree's from
+`build_eagle_verify_input` up to 0.5.20 and from the draft's return after."""
+import types
+
+import pytest
+
+import test_plain
+from fakes import FakeBackend
+from test_algorithms import Batch, Req, _accept, _args, _close, _serve
+
+from sglang.specprof import hooks, multilayer
+from sglang.specprof import server_args as spa
+from sglang.specprof.profiler import Profiler
+from sglang_specprof import report
+
+RUNNER = types.SimpleNamespace(bs=8)  # the target's decode graph runner
+
+
+class DraftWorker:
+    """MultiLayerEagleDraftWorker: the draft reorders the last extend's top-k (no model), builds
+    the tree (the series' `tree` hook inside up to 0.5.20), and the MTP layers run in the extend."""
+
+    def __init__(self, b, tree_hooked, plan):
+        self.b, self.tree_hooked = b, tree_hooked
+        self.extends = 0
+        if plan:  # 0.5.20 on: the draft extend's plan staged before the verify
+            self._draft_extend_plan_for_decode = types.MethodType(DraftWorker._plan, self)
+
+    def draft_forward(self, forward_batch):
+        self.b.advance(0.05, 0.03)
+        return "parents", "scores", "tokens"
+
+    def draft(self, batch):
+        self.b.advance(0.01)  # prepare_for_draft
+        self.draft_forward(batch)
+        self.b.advance(0.02)  # build_eagle_verify_input
+        if self.tree_hooked:
+            hooks.P.mark("tree")
+        return "verify_input"
+
+    def _plan(self, batch):
+        self.b.advance(0.01)
+        return "staged"
+
+    def _draft_extend_for_decode(self, batch, batch_output, staged=None):
+        self.extends += 1
+        self.b.advance(1.5)  # every MTP layer once
+
+    def _draft_extend_for_prefill(self, batch, hidden_states, next_token_ids):
+        self.b.advance(0.8)
+        return "next_draft_input"
+
+
+class MultiLayerEagleWorkerV2:
+    """Upstream's worker, its calls in upstream's order; `accept(cycle, i, req)`: request i's
+    correct drafts this cycle (the scheduler commits them after `on_verify_complete_cpu`)."""
+
+    def __init__(self, b, accept, tree_hooked=True, plan=False, steps=3):
+        self.b, self.accept = b, accept
+        self.speculative_num_steps = steps
+        self._draft_worker = DraftWorker(b, tree_hooked, plan)
+        self.cycle = 0
+        self.verified = None
+
+    @property
+    def draft_worker(self):
+        return self._draft_worker
+
+    def on_verify_complete_cpu(self, correct, batch_size=0):  # BaseSpecWorker's: nothing
+        self.verified = list(correct)
+
+    def verify(self, batch):
+        """run_eagle_verify, with the series' hooks."""
+        self.b.advance(0.1)
+        hooks.P.mark("verify_prep")
+        self.b.advance(4.0 + 0.05 * len(batch.reqs))
+        hooks.P.mark("verify")
+        hooks.P.graph("verify", True, RUNNER)
+        self.b.advance(0.2)
+        hooks.P.mark("accept")
+        return [self.accept(self.cycle, i, r) for i, r in enumerate(batch.reqs)]
+
+    def forward_batch_generation(self, batch, on_publish=None):
+        if batch.forward_mode.is_extend() or getattr(batch, "is_extend_in_batch", False):
+            self.b.advance(6.0)  # the target's prefill
+            self.draft_worker._draft_extend_for_prefill(batch, "hidden", "ids")
+            return None
+        self.draft_worker.draft(batch)
+        staged = None
+        if hasattr(self.draft_worker, "_draft_extend_plan_for_decode"):
+            staged = self.draft_worker._draft_extend_plan_for_decode(batch)
+        correct = self.verify(batch)
+        self.draft_worker._draft_extend_for_decode(batch, correct, staged=staged)
+        self.cycle += 1
+        return correct
+
+
+def _profiled(monkeypatch, tree_hooked, plan):
+    b = FakeBackend()
+    out = []
+    p = Profiler(b, interval=1000, sink=out.append, clock=b.clock, log_table=False,
+                 config={"algorithm": "EAGLE3", "num_steps": 3, "num_draft_tokens": 4, "topk": 1, "worker": "v2"})
+    monkeypatch.setattr(hooks, "P", p)  # the series' hooks in the verify call the installed profiler
+    worker = MultiLayerEagleWorkerV2(b, _accept, tree_hooked, plan)
+    assert multilayer.is_multi_layer(worker)
+    assert multilayer.time_cycles(worker, lambda: p, tree_hooked=tree_hooked)
+    assert not multilayer.time_cycles(worker, lambda: p, tree_hooked=tree_hooked)  # once
+    return p, b, worker, out
+
+
+@pytest.mark.parametrize("tree_hooked, plan", [(True, False), (True, True), (False, True)],
+                         ids=["0.5.16-to-0.5.19", "0.5.20", "0.5.21-on"])
+def test_a_multi_layer_cycle_is_timed_phase_by_phase_and_commits_what_the_clients_got(monkeypatch, tree_hooked, plan):
+    p, b, worker, out = _profiled(monkeypatch, tree_hooked, plan)
+    got = _serve(p, worker, True)
+    _close(p, b)
+    s = report.summarize(out)
+    assert sum(bk["accept"]["committed_tokens"] for bk in s["buckets"].values()) == got == p.tokens["committed_tokens"]
+    assert p.uncut_cycles == 0 and p.marks_lost == 0
+    decode = [bk for bk in s["buckets"].values() if bk["cycles"]]
+    want = ["draft", "tree"] + (["draft_extend_plan"] if plan else []) + ["verify_prep", "verify", "accept",
+                                                                          "draft_extend"]
+    for bk in decode:
+        ph = bk["phases"]
+        assert list(ph) == want
+        assert ph["draft"]["gpu_ms"]["mean"] == pytest.approx(0.06)  # prepared, then the top-k reordered
+        assert ph["tree"]["gpu_ms"]["mean"] == pytest.approx(0.02)
+        assert ph["accept"]["gpu_ms"]["mean"] == pytest.approx(0.2)
+        assert ph["draft_extend"]["gpu_ms"]["mean"] == pytest.approx(1.5)  # the MTP layers
+        assert bk["graph"]["replays"].get("verify")
+    prefill = [bk for bk in s["buckets"].values() if bk.get("prefill_cycles")]
+    assert prefill
+    hist = [0] * 4
+    for bk in decode:
+        for n, c in enumerate(bk["accept"]["drafts_histogram"]):
+            hist[n] += c
+    assert hist[0] and hist[3]
+    assert worker.verified is not None  # upstream's own on_verify_complete_cpu still runs
+
+
+def test_the_prefill_is_the_target_s_extend_then_the_draft_s(monkeypatch):
+    p, b, worker, out = _profiled(monkeypatch, True, False)
+    _serve(p, worker, True, rounds=1, bs=3)
+    _close(p, b)
+    phases = {}
+    for w in out:
+        for bk in (w.get("buckets") or {}).values():
+            phases.update(bk.get("prefill_phases_gpu_ms") or {})
+    assert list(phases) == ["target_extend", "draft_extend"], phases
+    assert phases["target_extend"]["mean"] == pytest.approx(6.0)
+    assert phases["draft_extend"]["mean"] == pytest.approx(0.8)
+
+
+def test_marks_outside_a_cycle_are_not_taken_and_a_paused_profile_leaves_the_worker_running(monkeypatch):
+    p, b, worker, out = _profiled(monkeypatch, True, False)
+    before = p.seq
+    worker.draft_worker._draft_extend_for_decode(Batch([Req(5)]), None)  # another caller: no cycle
+    assert p.cur is None and p.seq == before
+    null = hooks.NullProfiler()
+    monkeypatch.setattr(hooks, "P", null)
+    w2 = MultiLayerEagleWorkerV2(FakeBackend(), _accept)
+    multilayer.time_cycles(w2, lambda: null, tree_hooked=True)
+    assert w2.forward_batch_generation(Batch([Req(5), Req(5)])) == [0, 1]
+
+
+def test_idle_installs_the_profile_on_a_multi_layer_server_and_wraps_its_cycle_once(monkeypatch):
+    test_plain._fake_cuda(monkeypatch)
+    worker = MultiLayerEagleWorkerV2(FakeBackend(), _accept)
+    sched = types.SimpleNamespace(server_args=_args("EAGLE"), model_worker=worker, tp_rank=0, waiting_queue=[])
+    hooks.idle(sched)
+    try:
+        p = hooks.P
+        assert type(p) is Profiler and p.scheduler is sched
+        assert p.config["algorithm"] == "EAGLE" and p.config["worker"] == "v2" and p.config["num_steps"] == 3
+        fwd = worker.forward_batch_generation
+        assert fwd.specprof_multilayer and worker.draft_worker._draft_extend_for_decode.specprof_multilayer
+        hooks.idle(sched)
+        assert hooks.P is p and worker.forward_batch_generation is fwd
+    finally:
+        hooks.P.close()
+
+
+@pytest.mark.parametrize("version, timed", [("0.5.15.post1", False), ("0.5.16", True), ("0.5.16+specprof.3", True),
+                                            ("0.5.23", True), ("0.5.8", False), ("0.0.0.dev0", False), ("", False)])
+def test_multi_layer_is_timed_from_0_5_16(version, timed):
+    assert spa.multi_layer_timed(version) is timed
+
+
+def test_a_decode_batch_with_an_extend_in_it_is_timed_as_the_prefill_upstream_runs(monkeypatch):
+    """Under data parallel attention a decode batch can hold an extend (`is_extend_in_batch`):
+    upstream runs its prefill path, and the cycle is timed as one, its marks in place."""
+    p, b, worker, out = _profiled(monkeypatch, True, False)
+    _serve(p, worker, True, rounds=1, bs=3)
+    mixed = Batch([Req(8) for _ in range(3)])
+    mixed.is_extend_in_batch = True
+    before = p.tokens["committed_tokens"]
+    worker.forward_batch_generation(mixed)
+    _serve(p, worker, True, rounds=1, bs=3)
+    _close(p, b)
+    assert p.uncut_cycles == 0 and p.marks_lost == 0 and p.tokens["committed_tokens"] > before
+    s = report.summarize(out)
+    assert sum(bk.get("prefill_cycles") or 0 for bk in s["buckets"].values()) == 3
