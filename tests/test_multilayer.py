@@ -2,12 +2,17 @@
 shaped as upstream's: its cycle wrapped on the instances from `hooks.idle` (multilayer.py), the
 verify's marks from the series' hooks in `run_eagle_verify`, the tree's from
 `build_eagle_verify_input` up to 0.5.20 and from the draft's return after."""
+import ast
+import re
 import types
 
 import pytest
+from packaging.version import Version
 
 import test_plain
 from fakes import FakeBackend
+from conftest import pinned_wheel
+from specprof_build import release
 from test_algorithms import Batch, Req, _accept, _args, _close, _serve
 
 from sglang.specprof import hooks, multilayer
@@ -202,3 +207,38 @@ def test_a_decode_batch_with_an_extend_in_it_is_timed_as_the_prefill_upstream_ru
     assert p.uncut_cycles == 0 and p.marks_lost == 0 and p.tokens["committed_tokens"] > before
     s = report.summarize(out)
     assert sum(bk.get("prefill_cycles") or 0 for bk in s["buckets"].values()) == 3
+
+
+@pytest.mark.parametrize("version", release.available())
+def test_each_release_s_multi_layer_worker_is_what_the_wrappers_take(version):
+    """Read from each pinned wheel: the releases the startup check takes are those whose
+    multi-layer worker verifies through run_eagle_verify (the series' verify hooks) and has the
+    methods multilayer.py wraps; the series marks the tree in build_eagle_verify_input up to
+    0.5.20 (where `_tree_hooked` finds it), the wrapper after the draft from 0.5.21."""
+    import zipfile
+
+    with zipfile.ZipFile(pinned_wheel(version)) as z:
+        names = set(z.namelist())
+        path = "sglang/srt/speculative/multi_layer_eagle_worker_v2.py"
+        if path not in names:
+            assert not spa.multi_layer_timed(version)
+            return
+        classes = {c.name: c for c in ast.parse(z.read(path)).body if isinstance(c, ast.ClassDef)}
+    own = {name: {f.name for f in c.body if isinstance(f, ast.FunctionDef)} for name, c in classes.items()}
+    verify = next(f for f in classes["MultiLayerEagleWorkerV2"].body
+                  if isinstance(f, ast.FunctionDef) and f.name == "verify")
+    through_common = any(isinstance(n, ast.Name) and n.id == "run_eagle_verify" for n in ast.walk(verify))
+    assert spa.multi_layer_timed(version) == through_common, version
+    if not through_common:
+        return
+    assert {"draft", "draft_forward", "_draft_extend_for_decode", "_draft_extend_for_prefill"} <= own[
+        "MultiLayerEagleDraftWorker"]
+    assert ("_draft_extend_plan_for_decode" in own["MultiLayerEagleDraftWorker"]) == (
+        Version(version) >= Version("0.5.20"))
+    assert "forward_batch_generation" in own["MultiLayerEagleWorkerV2"]
+    assert "on_verify_complete_cpu" not in own["MultiLayerEagleWorkerV2"]  # BaseSpecWorker's: wrapped
+    patch = (release.load(version).directory / "eagle-v2-profile-hooks.patch").read_text()
+    common = patch.split("diff --git a/sglang/srt/speculative/eagle_worker_common.py ")[1].split("diff --git")[0]
+    tree_in_build = re.search(r'^@@ [^\n]*def build_eagle_verify_input\([^\n]*\n(?:[ +][^\n]*\n)*?\+\s*specprof\.P\.'
+                              r'mark\("tree"\)', common, re.M) is not None
+    assert tree_in_build == (Version(version) <= Version("0.5.20")), version
