@@ -379,11 +379,37 @@ def analyse(samples: list, warmup_s: float, read: dict | None = None, published_
             out["rss_excess_per_window_kb"] = excess_kb / acc["windows"]
             if ks:
                 out["rss_excess_per_kernel_sample_kb"] = excess_kb / ks
+            limit = after_kernel_limit(loaded, read["windows"])
+            if limit is not None:
+                out["after_kernel_limit"] = limit
             if acc.get("kernel_records") and acc["kernel_blocks"]:
                 # per event torch recorded, the samples not read (skipped, failed) taken as the read ones
                 per_sample = acc["kernel_records"] / acc["kernel_blocks"]
                 out["rss_excess_per_kernel_record_b"] = excess_kb * 1024 / (per_sample * (ks or acc["kernel_blocks"]))
     return out
+
+
+def after_kernel_limit(samples: list, windows: list, settle_s: float = 30.0) -> dict | None:
+    """Where the on server took the last kernel sample its limit allows (the first window whose
+    `kernel_samples.taken` reached `max`): each scheduler's RSS slope over the samples from
+    `settle_s` after it, and on minus off there (what the samples kept, left behind)."""
+    at = None
+    for w in sorted(windows, key=lambda w: (w["window"], w["rank"])):
+        ks = w.get("kernel_samples") or {}
+        if isinstance(ks, dict) and ks.get("max") and (ks.get("taken") or 0) >= ks["max"] and w.get("time"):
+            at = w["time"]
+            break
+    if at is None:
+        return None
+    later = [s for s in samples if (s.get("epoch") or 0) >= at + settle_s]
+    if len(later) < 3:
+        return {"limit_epoch": at, "samples": len(later)}
+    t0 = later[0]["t"]
+    fits = {n: fit_slope([(s["t"], s[n]["sched_rss_mb"]) for s in later if (s.get(n) or {}).get("sched_rss_mb")], t0)
+            for n in ("on", "off")}
+    diff = slope_difference(fits["on"], fits["off"])
+    return {"limit_epoch": at, "from_t": t0, "samples": len(later), "on_rss_mb_per_min": fits["on"],
+            "off_rss_mb_per_min": fits["off"], "on_minus_off": diff, "verdict": rss_verdict(fits["on"], fits["off"], diff)}
 
 
 def token_check(client_decode: int, before: dict | None, after: dict | None, last_window_committed=None) -> dict:
@@ -544,6 +570,9 @@ def main():
                     help="--speculative-profile-interval of the on server (default 25: at the server's default 100, "
                          "about a megabyte of windows in 10 minutes, short of a rotation)")
     ap.add_argument("--max-mb", type=float, default=1, help="SGLANG_SPECPROF_OUTPUT_MAX_MB of the on server")
+    ap.add_argument("--kernels-max", type=int, default=None,
+                    help="SGLANG_SPECPROF_KERNELS_MAX of the on server (default: the profiler's); the analysis "
+                         "then also fits both slopes after the limit was reached (`after_kernel_limit`)")
     ap.add_argument("--acc", type=float, default=3.0, help="SGLANG_SIMULATE_ACC_LEN")
     ap.add_argument("--max-total-tokens", type=int, default=88000,
                     help="each server's KV pool (64 requests of 1300 tokens at most: 83200)")
@@ -564,6 +593,8 @@ def main():
         "--max-running-requests", str(a.max_running)]
     env = dict(os.environ, SGLANG_SIMULATE_ACC_METHOD="multinomial", SGLANG_SIMULATE_ACC_LEN=str(a.acc))
     on_env = dict(env, SGLANG_SPECPROF_OUTPUT_MAX_MB=str(a.max_mb))
+    if a.kernels_max is not None:
+        on_env["SGLANG_SPECPROF_KERNELS_MAX"] = str(a.kernels_max)
     plan = {"on": (base + ["--speculative-profile", "--speculative-profile-kernels", str(a.kernels),
                            "--speculative-profile-interval", str(a.interval),
                            "--speculative-profile-output", profile], on_env),
@@ -574,8 +605,8 @@ def main():
            "command": portable_command("bench/soak.py", sys.argv[1:]), "machine": machine(),
            "date": datetime.datetime.now().isoformat(timespec="seconds"),
            "settings": {k: getattr(a, k) for k in ("seconds", "sample_s", "warmup_s", "concurrency", "max_running",
-                                                    "prompt", "new", "seed", "kernels", "interval", "max_mb", "acc",
-                                                    "max_total_tokens", "graph_bs", "shape")},
+                                                    "prompt", "new", "seed", "kernels", "kernels_max", "interval",
+                                                    "max_mb", "acc", "max_total_tokens", "graph_bs", "shape")},
            "samples": []}
     servers = start_all(plan, a.logs, timeout=a.start_timeout)
     clients = {}

@@ -188,3 +188,25 @@ def test_the_excess_is_given_per_kernel_sample_and_per_event_torch_recorded(tmp_
     assert out["windows"]["kernel_records"] == 10_000 and out["windows"]["kernel_blocks"] == 10
     assert out["rss_excess_per_kernel_sample_kb"] == pytest.approx(2 * 1024, rel=0.01)
     assert out["rss_excess_per_kernel_record_b"] == pytest.approx(2 * 1024 * 1024 / 1000, rel=0.01)
+
+
+def test_the_slopes_after_the_kernel_sample_limit_are_fitted_apart():
+    """The on server grows 6 MB a minute while it takes kernel samples and not after its limit
+    (reached at window 40, 200 s into the load): over the whole run it grows faster than off,
+    after the limit it does not."""
+    t_epoch = 10_000.0
+    windows = [{"window": i, "rank": 0, "time": t_epoch + 5.0 * i,
+                "kernel_samples": {"taken": min(i // 4, 10), "skipped": 0, "max": 10}} for i in range(120)]
+    samples = []
+    for t in range(0, 601, 10):
+        on = 1000 + 6.0 * min(t, 200) / 60 + (t % 30) * 1e-2
+        samples.append({"t": t, "epoch": t_epoch + t, "on": {"sched_rss_mb": on},
+                        "off": {"sched_rss_mb": 1000.0 + (t % 20) * 1e-2}})
+    read = {"windows": [dict(w, file="p", closed_idle=False, committed_tokens=None, kernels=None,
+                             kernel_records=None) for w in windows], "lines": 120, "torn": [], "bad": [], "files": []}
+    out = soak.analyse(samples, 0, read=read)
+    assert out["rss_slope_on_minus_off"]["diff"] > 1.0  # the whole run: the samples' growth shows
+    after = out["after_kernel_limit"]
+    assert after["limit_epoch"] == t_epoch + 200 and after["from_t"] == 230
+    assert abs(after["on_rss_mb_per_min"]["slope"]) < 0.1 and after["verdict"]["on_within_off"]
+    assert soak.after_kernel_limit(samples, [dict(w, kernel_samples={"taken": 3, "max": 10}) for w in windows]) is None
