@@ -45,6 +45,23 @@ def write_standalone_draft(root, shape="1b", vocab_of="8b"):
     return _write(os.path.join(root, f"draft-{shape}"), _llama(s, tie_word_embeddings=True))
 
 
+def write_mimo_v2(root, layers=4, mtp_layers=3):
+    """A small dense MiMoV2 target (MiMoV2FlashForCausalLM: full attention, no MoE), whose MTP
+    layers are the multi-layer EAGLE draft (the same folder as the draft model path: SGLang
+    builds MiMoV2MTP from it, one draft model per step). Read as a Llama config by transformers
+    (its extra fields kept), so no remote code. Serve with `--enable-multi-layer-eagle
+    --disable-hybrid-swa-memory` and as many steps as `mtp_layers`; returns its folder."""
+    s = dict(SHAPES["1b"], num_hidden_layers=layers, num_attention_heads=16, num_key_value_heads=4,
+             vocab_size=SHAPES["8b"]["vocab_size"])
+    zeros = [0] * layers
+    return _write(os.path.join(root, "mimo-v2"), _llama(
+        s, architectures=["MiMoV2FlashForCausalLM"], head_dim=128, v_head_dim=128, swa_num_attention_heads=16,
+        swa_num_key_value_heads=4, swa_head_dim=128, swa_v_head_dim=128, hybrid_layer_pattern=zeros,
+        sliding_window_size=-1, add_full_attention_sink_bias=False, add_swa_attention_sink_bias=False,
+        moe_layer_freq=zeros, attention_bias=False, layernorm_epsilon=1e-5, swa_rope_theta=10000.0,
+        num_nextn_predict_layers=mtp_layers))
+
+
 def bench_dirs(out, logs, shape="8b"):
     """A benchmark's result and log folders made, and its models written under the logs."""
     os.makedirs(out, exist_ok=True)

@@ -416,3 +416,17 @@ def test_sample_memory_fits_each_mode_s_growth_after_the_warm_sessions():
     growing = [(s, 50.0 + 0.4 * s, 0) for s in range(0, 200, 10)]
     assert slope(growing, warm=30) == pytest.approx(0.4)
     assert slope([(0, 1.0, 0), (40, 2.0, 0)], warm=30) is None  # one sample after the warm ones: no slope
+
+
+def test_the_mimo_v2_dummy_is_dense_full_attention_with_an_mtp_layer_per_step(tmp_path):
+    """Multi-layer EAGLE's dummy: SGLang builds one MiMoV2MTP draft per step from the target's
+    folder; with hybrid SWA memory off the draft's KV pool is sized from the full-attention
+    fields, so the sliding-window ones must be the same, and no layer may be a window or MoE one."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    from gpu_models import write_mimo_v2
+
+    c = json.loads((Path(write_mimo_v2(str(tmp_path), layers=3, mtp_layers=5)) / "config.json").read_text())
+    assert c["architectures"] == ["MiMoV2FlashForCausalLM"] and c["num_nextn_predict_layers"] == 5
+    assert c["hybrid_layer_pattern"] == c["moe_layer_freq"] == [0, 0, 0] and c["sliding_window_size"] == -1
+    for f in ("num_attention_heads", "num_key_value_heads", "head_dim", "v_head_dim"):
+        assert c[f"swa_{f}"] == c[f], f

@@ -32,7 +32,7 @@ import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "bench"))
-from gpu_models import write_models, write_standalone_draft  # noqa: E402
+from gpu_models import write_mimo_v2, write_models, write_standalone_draft  # noqa: E402
 from serving import eagle3_args, http, ratio_summary, start_all, stop_all  # noqa: E402
 from client_rate import client_decode_seconds  # noqa: E402
 from sglang_specprof.kernels import merge as merge_kernels, union_length  # noqa: E402  (the installed sglang-specprof)
@@ -51,8 +51,11 @@ SETTINGS = {
     "sa3": (3, 1, 4, []),
     "sa3k2": (3, 2, 6, []),
     "ng8": (None, None, 8, []),
+    # multi-layer EAGLE: a small dense MiMoV2 target whose 3 MTP layers draft (gpu_models.write_mimo_v2);
+    # hybrid SWA memory off (the dummy has no sliding window)
+    "ml3": (3, 1, 4, ["--enable-multi-layer-eagle", "--disable-hybrid-swa-memory"]),
 }
-ALGORITHM = {"sa3": "STANDALONE", "sa3k2": "STANDALONE", "ng8": "NGRAM"}  # the rest: EAGLE3
+ALGORITHM = {"sa3": "STANDALONE", "sa3k2": "STANDALONE", "ng8": "NGRAM", "ml3": "EAGLE"}  # the rest: EAGLE3
 GRAPH_BS = [1, 2, 4, 8, 12, 16]  # captured batch sizes: 3 pads to 4, 24 concurrent runs eager
 
 
@@ -221,13 +224,14 @@ def main():
     models = os.path.join(a.out, "models")
     target, draft = write_models(models, "8b")
     small = write_standalone_draft(models, "1b")
+    mimo = write_mimo_v2(models)
     env = dict(os.environ, SGLANG_SIMULATE_ACC_LEN=a.acc, SGLANG_SIMULATE_ACC_METHOD=a.acc_method)
 
     def server_argv(name, prof, kernels):
         steps, topk, dt, extra = SETTINGS[name]
         algo = ALGORITHM.get(name, "EAGLE3")
-        return eagle3_args(target, small if algo == "STANDALONE" else draft, steps, topk, dt, GRAPH_BS, a.max_tokens,
-                           algorithm=algo) + [
+        tgt, drf = (mimo, mimo) if name.startswith("ml") else (target, small if algo == "STANDALONE" else draft)
+        return eagle3_args(tgt, drf, steps, topk, dt, GRAPH_BS, a.max_tokens, algorithm=algo) + [
             "--speculative-profile", "--speculative-profile-output", prof, "--speculative-profile-interval", "50",
             "--context-length", "8192", *extra] + (["--speculative-profile-kernels", str(kernels)] if kernels else [])
 
