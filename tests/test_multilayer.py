@@ -106,7 +106,8 @@ def _profiled(monkeypatch, tree_hooked, plan):
     b = FakeBackend()
     out = []
     p = Profiler(b, interval=1000, sink=out.append, clock=b.clock, log_table=False,
-                 config={"algorithm": "EAGLE3", "num_steps": 3, "num_draft_tokens": 4, "topk": 1, "worker": "v2"})
+                 config={"algorithm": "EAGLE", "num_steps": 3, "num_draft_tokens": 4, "topk": 1, "worker": "v2",
+                         "multi_layer": True})
     monkeypatch.setattr(hooks, "P", p)  # the series' hooks in the verify call the installed profiler
     worker = MultiLayerEagleWorkerV2(b, _accept, tree_hooked, plan)
     assert multilayer.is_multi_layer(worker)
@@ -173,12 +174,15 @@ def test_marks_outside_a_cycle_are_not_taken_and_a_paused_profile_leaves_the_wor
 def test_idle_installs_the_profile_on_a_multi_layer_server_and_wraps_its_cycle_once(monkeypatch):
     test_plain._fake_cuda(monkeypatch)
     worker = MultiLayerEagleWorkerV2(FakeBackend(), _accept)
-    sched = types.SimpleNamespace(server_args=_args("EAGLE"), model_worker=worker, tp_rank=0, waiting_queue=[])
+    args = _args("EAGLE")
+    args.enable_multi_layer_eagle = True  # as the server's arguments have it once resolved
+    sched = types.SimpleNamespace(server_args=args, model_worker=worker, tp_rank=0, waiting_queue=[])
     hooks.idle(sched)
     try:
         p = hooks.P
         assert type(p) is Profiler and p.scheduler is sched
         assert p.config["algorithm"] == "EAGLE" and p.config["worker"] == "v2" and p.config["num_steps"] == 3
+        assert p.config["multi_layer"] is True
         fwd = worker.forward_batch_generation
         assert fwd.specprof_multilayer and worker.draft_worker._draft_extend_for_decode.specprof_multilayer
         hooks.idle(sched)
@@ -242,3 +246,18 @@ def test_each_release_s_multi_layer_worker_is_what_the_wrappers_take(version):
     tree_in_build = re.search(r'^@@ [^\n]*def build_eagle_verify_input\([^\n]*\n(?:[ +][^\n]*\n)*?\+\s*specprof\.P\.'
                               r'mark\("tree"\)', common, re.M) is not None
     assert tree_in_build == (Version(version) <= Version("0.5.20")), version
+
+
+def test_the_report_and_the_log_say_the_step_count_advisor_does_not_apply(monkeypatch):
+    """Each step of multi-layer EAGLE is an MTP layer run in the draft extend, not a draft step:
+    the advisor's model would read the steps as free. The report says so once, and advises nothing."""
+    from sglang_specprof.table import format_summary
+
+    p, b, worker, out = _profiled(monkeypatch, True, False)
+    _serve(p, worker, True)
+    _close(p, b)
+    s = report.summarize(out)
+    text = report.render(s, report.advise(s))
+    assert report.advise(s) == {} and "--speculative-num-steps" not in text
+    assert text.count("does not apply to multi-layer EAGLE") == 1
+    assert "does not apply to multi-layer EAGLE" in format_summary(out[-1])

@@ -26,6 +26,9 @@ NO_DRAFT_MODEL = ("NGRAM",)
 def not_applicable(config: dict | None) -> str | None:
     """Why the step-count model does not describe a profile's cycles (one sentence), or None."""
     algorithm = str((config or {}).get("algorithm") or "").upper()
+    if (config or {}).get("multi_layer"):
+        return ("the step-count advisor does not apply to multi-layer EAGLE: each step is an MTP layer of its own, "
+                "run in the draft extend rather than as a draft step, which its model does not describe")
     if algorithm in NO_DRAFT_MODEL:
         return (f"the step-count advisor does not apply to {algorithm}: its drafts are matched on the host, with "
                 f"no draft forward per step whose cost it could weigh against acceptance "

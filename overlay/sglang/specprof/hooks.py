@@ -164,6 +164,8 @@ def install(server_args, tp_rank: int | None = 0, worker: str = "v2") -> None:
             # the running-request cap (0.5.16 sets 48 for a speculative server unless told)
             "max_running_requests": getattr(server_args, "max_running_requests", None),
         }
+        if getattr(server_args, "enable_multi_layer_eagle", False):
+            config["multi_layer"] = True  # each step an MTP layer (multilayer.py): no step advice
         if getattr(server_args, "speculative_adaptive", False):
             config["adaptive"] = True
             config["adaptive_policy"] = getattr(server_args, "speculative_adaptive_policy", None) or "ema"
