@@ -1209,3 +1209,36 @@ def test_compare_help_says_what_each_argument_is(capsys):
     out = capsys.readouterr().out
     assert e.value.code == 0
     assert "the first run's profile" in out and "compared with A" in out and "as JSON" in out
+
+
+def test_a_trace_or_config_that_cannot_be_written_whole_leaves_nothing_partial(tmp_path, capsys, monkeypatch):
+    """A full disk part-way through `--trace` (or `--adaptive-config`): one sentence, no partial
+    file where there was none, the file before untouched where there was one."""
+    from sglang_specprof import page
+
+    prof = fake_profile(tmp_path / "sampled.jsonl")
+
+    real = page.os.fdopen
+
+    def short(fd, *a, **kw):  # writes 4 KB, then the disk is full
+        f = real(fd, *a, **kw)
+        write = f.write
+
+        def part(text):
+            write(text[:4096])
+            f.flush()
+            raise OSError(28, "No space left on device")
+
+        f.write = part
+        return f
+
+    monkeypatch.setattr(page.os, "fdopen", short)
+    new, old = tmp_path / "new.json", tmp_path / "old.json"
+    old.write_text("the trace before")
+    for out in (new, old):
+        code, _, err = run_cli("report", str(prof), "--trace", str(out), capsys=capsys)
+        assert code == 1 and err.strip().splitlines()[-1].endswith(f"cannot write {out}: No space left on device")
+    code, _, err = run_cli("report", str(V2), "--adaptive-config", str(new), capsys=capsys)
+    assert code == 1 and "No space left on device" in err
+    assert not new.exists() and old.read_text() == "the trace before"
+    assert sorted(os.listdir(tmp_path)) == ["old.json", "sampled.jsonl"]

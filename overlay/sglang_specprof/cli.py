@@ -56,11 +56,12 @@ def _say(line: str) -> None:
 
 
 def _write(path: str, text: str) -> None:
+    """`text` into `path` whole or not at all (a full disk leaves neither a partial file nor the
+    old one damaged)."""
     try:
-        with open(path, "w") as f:
-            f.write(text)
+        page.write(path, text)
     except OSError as e:
-        raise report.SourceError(f"cannot write {path}: {e.strerror}") from None
+        raise report.SourceError(f"cannot write {path}: {e.strerror or e}") from None
 
 
 def _same_file(a: str, b: str) -> bool:

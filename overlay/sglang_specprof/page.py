@@ -205,7 +205,7 @@ def write(path: str, text: str) -> None:
     """`text` into `path` whole or not at all: written beside it, then renamed over it. OSError
     where it cannot be (nothing left behind)."""
     folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".specprof-", suffix=".html.tmp", dir=folder)
+    fd, tmp = tempfile.mkstemp(prefix=".specprof-", suffix=".tmp", dir=folder)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
