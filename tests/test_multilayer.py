@@ -261,3 +261,26 @@ def test_the_report_and_the_log_say_the_step_count_advisor_does_not_apply(monkey
     assert report.advise(s) == {} and "--speculative-num-steps" not in text
     assert text.count("does not apply to multi-layer EAGLE") == 1
     assert "does not apply to multi-layer EAGLE" in format_summary(out[-1])
+
+
+def test_a_multi_layer_worker_of_another_shape_is_served_unprofiled_with_one_warning(monkeypatch, caplog):
+    """A release whose worker lacks a method the wrappers take: the profiler steps aside with one
+    warning (not a profile that stays empty), and the worker serves as it would without it."""
+    test_plain._fake_cuda(monkeypatch)
+    worker = MultiLayerEagleWorkerV2(FakeBackend(), _accept)
+    del DraftWorker._draft_extend_for_prefill  # restored below
+    try:
+        args = _args("EAGLE")
+        args.enable_multi_layer_eagle = True
+        sched = types.SimpleNamespace(server_args=args, model_worker=worker, tp_rank=0, waiting_queue=[])
+        with caplog.at_level("WARNING", logger="sglang.specprof"):
+            hooks.idle(sched)
+    finally:
+        DraftWorker._draft_extend_for_prefill = _PREFILL
+    assert isinstance(hooks.P, hooks.NullProfiler)  # the profiler installed, then closed by `disable`
+    said = [r.getMessage() for r in caplog.records if "disabled" in r.getMessage()]
+    assert len(said) == 1 and "could not be wrapped: AttributeError" in said[0], said
+    assert worker.forward_batch_generation(Batch([Req(5), Req(5)])) == [0, 1]
+
+
+_PREFILL = DraftWorker._draft_extend_for_prefill

@@ -266,7 +266,10 @@ def _attach(scheduler) -> None:
             elif multilayer.is_multi_layer(worker):  # nor has multi-layer EAGLE's (multilayer.py)
                 install(args, rank, "v2")
                 if P.enabled:
-                    multilayer.time_cycles(worker, lambda: P)
+                    try:
+                        multilayer.time_cycles(worker, lambda: P)
+                    except Exception as e:  # a worker not shaped as the releases read: serve unprofiled
+                        disable(f"the multi-layer worker's cycle could not be wrapped: {type(e).__name__}: {e}")
         for p in (P, _state["paused"]):
             if p is not None and p.enabled:
                 _own(p).scheduler = scheduler
