@@ -23,7 +23,7 @@ tree: the startup check refuses the flag there (`server_args.MULTI_LAYER_FROM`).
 
 from __future__ import annotations
 
-from .plain import decoding, harvest_first, mark_after, wrap
+from .wrapping import decoding, harvest_first, mark_after, wrap
 
 DRAFT = "draft"
 TREE = "tree"

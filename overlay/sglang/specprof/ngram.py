@@ -24,7 +24,7 @@ itself, where the commit hooks every series has settle them, as for EAGLE v2.
 
 from __future__ import annotations
 
-from .plain import decoding, harvest_first, mark_after, wrap
+from .wrapping import decoding, harvest_first, mark_after, wrap
 
 MATCH = "ngram_match"
 PREP = "verify_prep"
