@@ -88,11 +88,16 @@ def time_cycles(worker, profiler_of, tree_hooked: bool | None = None) -> bool:
         return forward_batch_generation
 
     def prefill_extend(orig):
+        """A prefill's target forward ends where the draft's extend over the prompt starts."""
         def _draft_extend_for_prefill(*args, **kwargs):
             p = state["p"]
-            if p is not None and not state["decode"]:
+            prefill = p is not None and not state["decode"]
+            if prefill:
                 p.mark(TARGET)
-            return orig(*args, **kwargs)
+            out = orig(*args, **kwargs)
+            if prefill:
+                p.mark(EXTEND)
+            return out
         return _draft_extend_for_prefill
 
     def _wrap(obj, name, make):
@@ -105,7 +110,6 @@ def time_cycles(worker, profiler_of, tree_hooked: bool | None = None) -> bool:
         _wrap(draft_worker, "_draft_extend_plan_for_decode", mark_after(state, PLAN))
     _wrap(draft_worker, "_draft_extend_for_decode", mark_after(state, EXTEND))
     _wrap(draft_worker, "_draft_extend_for_prefill", prefill_extend)
-    _wrap(draft_worker, "_draft_extend_for_prefill", mark_after(state, EXTEND, in_decode=False))
     _wrap(worker, "on_verify_complete_cpu", harvest_first(profiler_of))
     _wrap(worker, "forward_batch_generation", forward)  # last: its mark says the rest are in place
     return True

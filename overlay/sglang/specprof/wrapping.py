@@ -29,14 +29,14 @@ def wrap(obj, name, make, marker):
     setattr(obj, name, new)
 
 
-def mark_after(state: dict, name: str, in_decode: bool = True):
-    """For `wrap`: the method, then `name` marked on the cycle in flight (`state["p"]`, the
-    profiler a wrapped cycle set, None outside one) when its kind (`state["decode"]`) is `in_decode`."""
+def mark_after(state: dict, name: str):
+    """For `wrap`: the method, then `name` marked on the decode cycle in flight (`state["p"]`,
+    the profiler a wrapped cycle set, None outside one; `state["decode"]`, whether it decodes)."""
     def make(orig):
         def method(*args, **kwargs):
             out = orig(*args, **kwargs)
             p = state["p"]
-            if p is not None and state["decode"] == in_decode:
+            if p is not None and state["decode"]:
                 p.mark(name)
             return out
         return method
