@@ -96,14 +96,14 @@ def format_summary(s: dict, pause=None, advice: dict | None = None) -> str:
     log) each bucket's line is predicted from that bucket alone."""
     cfg = s.get("config", {})
     plain = cfg.get("worker") == "plain"  # a server without speculation: each forward timed whole
+    setting = (f"steps={cfg.get('num_steps')} topk={cfg.get('topk')} " if cfg.get("num_steps") is not None
+               else "no draft model, ")  # NGRAM: upstream's step count is no count of draft steps
+    kind = " multi-layer" if cfg.get("multi_layer") else ""
     lines = [
         f"window {s.get('window')} rank {s.get('rank')}: {s.get('decode_cycles')} decode cycles in "
         f"{_f(s.get('seconds'), 2)} s, {_f(s.get('tokens_per_s'), 1)} tok/s  "
         + ("[no speculation: each forward timed whole]" if plain else
-           f"[{cfg.get('algorithm')} {cfg.get('worker')} no draft model, draft_tokens={cfg.get('num_draft_tokens')}]"
-           if not_applicable(cfg) else
-           f"[{cfg.get('algorithm')} {cfg.get('worker')} steps={cfg.get('num_steps')} topk={cfg.get('topk')} "
-           f"draft_tokens={cfg.get('num_draft_tokens')}]")
+           f"[{cfg.get('algorithm')}{kind} {cfg.get('worker')} {setting}draft_tokens={cfg.get('num_draft_tokens')}]")
     ]
     why = None if plain else not_applicable(cfg)
     if why:  # said once, in place of each bucket's advice line
