@@ -110,7 +110,7 @@ def _profiled(monkeypatch, tree_hooked, plan):
                          "multi_layer": True})
     monkeypatch.setattr(hooks, "P", p)  # the series' hooks in the verify call the installed profiler
     worker = MultiLayerEagleWorkerV2(b, _accept, tree_hooked, plan)
-    assert multilayer.is_multi_layer(worker)
+    assert multilayer.is_worker(worker)
     assert multilayer.time_cycles(worker, lambda: p, tree_hooked=tree_hooked)
     assert not multilayer.time_cycles(worker, lambda: p, tree_hooked=tree_hooked)  # once
     return p, b, worker, out
@@ -146,14 +146,19 @@ def test_a_multi_layer_cycle_is_timed_phase_by_phase_and_commits_what_the_client
     assert worker.verified is not None  # upstream's own on_verify_complete_cpu still runs
 
 
-def test_the_prefill_is_the_target_s_extend_then_the_draft_s(monkeypatch):
-    p, b, worker, out = _profiled(monkeypatch, True, False)
+def prefill_phases(p, b, worker, out) -> dict:
+    """One round of 3 requests served and the profile closed: the prefill phases' figures."""
     _serve(p, worker, True, rounds=1, bs=3)
     _close(p, b)
     phases = {}
     for w in out:
         for bk in (w.get("buckets") or {}).values():
             phases.update(bk.get("prefill_phases_gpu_ms") or {})
+    return phases
+
+
+def test_the_prefill_is_the_target_s_extend_then_the_draft_s(monkeypatch):
+    phases = prefill_phases(*_profiled(monkeypatch, True, False))
     assert list(phases) == ["target_extend", "draft_extend"], phases
     assert phases["target_extend"]["mean"] == pytest.approx(6.0)
     assert phases["draft_extend"]["mean"] == pytest.approx(0.8)

@@ -133,6 +133,10 @@ CASES = {
     # 0.5.11 on; before, argparse's choices refuse it (the release has no such worker)
     "dflash": ["--speculative-profile", "--speculative-algorithm", "DFLASH"],
     "multi-layer": ["--speculative-profile", "--speculative-algorithm", "EAGLE3", "--enable-multi-layer-eagle"],
+    # 0.5.12 on (a Gemma 4 assistant's draft); taken from 0.5.14, refused before
+    "frozen-kv": ["--speculative-profile", "--speculative-algorithm", "FROZEN_KV_MTP", "--speculative-draft-model-path",
+                  "d", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
+                  "--speculative-num-draft-tokens", "4"],
     "interval-0": ["--speculative-profile", "--speculative-algorithm", "EAGLE3", "--speculative-profile-interval", "0"],
     "no-folder": ["--speculative-profile", "--speculative-algorithm", "EAGLE3", "--speculative-profile-output",
                   "/nonexistent/p.jsonl"],
@@ -220,8 +224,8 @@ def test_an_algorithm_the_release_has_and_the_profile_does_not_is_refused_in_one
     if choices and "DFLASH" not in choices.group(1).split(","):  # 0.5.8 to 0.5.10.post1: every one is profiled
         assert parsed["dflash"]["rc"] == 2 and "invalid choice" in parsed["dflash"]["stderr"]
         pytest.skip("this release has no algorithm the profile does not time")
-    _one_sentence(parsed["dflash"], "times the EAGLE, EAGLE3, STANDALONE and NGRAM workers only, not "
-                                    "--speculative-algorithm DFLASH")
+    _one_sentence(parsed["dflash"], "times the EAGLE, EAGLE3, STANDALONE, NGRAM and FROZEN_KV_MTP workers only, "
+                                    "not --speculative-algorithm DFLASH")
 
 
 def test_multi_layer_eagle_is_taken_from_0_5_16_and_refused_before(parsed):
@@ -237,6 +241,19 @@ def test_multi_layer_eagle_is_taken_from_0_5_16_and_refused_before(parsed):
     else:
         _one_sentence(parsed["multi-layer"], "--speculative-profile times --enable-multi-layer-eagle from SGLang "
                                              "0.5.16 on")
+
+
+def test_frozen_kv_mtp_is_taken_from_0_5_14_and_refused_before(parsed):
+    """Up to 0.5.13 FROZEN_KV_MTP runs a v1 worker of its own (its verify carries no hook); from
+    0.5.14 its v2 worker verifies as EAGLE v2 does and its cycle is wrapped (frozen_kv.py)."""
+    case = parsed["frozen-kv"]
+    if case["rc"] == 2 and "invalid choice" in case["stderr"]:  # argparse's choices: no such algorithm
+        pytest.skip("this release has no FROZEN_KV_MTP")
+    if Version(parsed["version"]) >= Version("0.5.14"):
+        assert case["rc"] == 0, case["stderr"]
+        assert case["got"]["algo"] == "FROZEN_KV_MTP" and case["got"]["profile"] is True
+    else:
+        _one_sentence(case, "--speculative-profile times --speculative-algorithm FROZEN_KV_MTP from SGLang 0.5.14 on")
 
 
 @pytest.mark.parametrize("name, says", [

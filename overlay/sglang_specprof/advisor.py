@@ -29,6 +29,9 @@ def not_applicable(config: dict | None) -> str | None:
     if (config or {}).get("multi_layer"):
         return ("the step-count advisor does not apply to multi-layer EAGLE: each step is an MTP layer of its own, "
                 "run in the draft extend rather than as a draft step, which its model does not describe")
+    if algorithm == "FROZEN_KV_MTP":
+        return ("the step-count advisor does not apply to FROZEN_KV_MTP: its assistant's steps run in one graph of "
+                "the frozen-KV worker's own, timed whole as the draft, and its model needs each step's cost")
     if algorithm in NO_DRAFT_MODEL:
         return (f"the step-count advisor does not apply to {algorithm}: its drafts are matched on the host, with "
                 f"no draft forward per step whose cost it could weigh against acceptance "

@@ -21,7 +21,7 @@ from . import zero_step
 from .folder import AT_HAND_OVER, READER_THREAD
 from .jsonl import JsonlSink, rank_path
 from .kernel_sampler import CYCLES, KernelSampler
-from . import multilayer, ngram
+from . import frozen_kv, multilayer, ngram
 from .null import NullProfiler
 from .plain import PlainProfiler, time_forwards
 from .policy import POLICY_FILE_ENV, CostPolicy, follow_file
@@ -232,13 +232,17 @@ def install(server_args, tp_rank: int | None = 0, worker: str = "v2") -> None:
         P = NullProfiler()
 
 
+# v2 workers whose constructor carries no install hook: their cycle is wrapped from `idle`
+WRAPPED_V2 = (("multi-layer", multilayer), ("frozen-KV MTP", frozen_kv))
+
+
 def idle(scheduler=None) -> None:
     """Upstream's idle housekeeping (scheduler-idle-window.patch), before its own guard: the
     profiler's idle close (`Profiler.idle`), and, the first time, the Scheduler itself, which
     idles before its first request: the profiler reads its waiting queue from then on, and on a
     server without speculation given --speculative-profile, the plain profile starts here, on
     an NGRAM server the NGRAM worker's (ngram.py), on a multi-layer EAGLE server its worker's
-    (multilayer.py)."""
+    (multilayer.py), on a FROZEN_KV_MTP server its worker's (frozen_kv.py)."""
     if scheduler is not _state["scheduler"]:
         _attach(scheduler)
     P.idle()
@@ -263,13 +267,16 @@ def _attach(scheduler) -> None:
                 install(args, rank, ngram.worker_kind(worker))
                 if P.enabled:
                     ngram.time_cycles(worker, lambda: P)
-            elif multilayer.is_multi_layer(worker):  # nor has multi-layer EAGLE's (multilayer.py)
-                install(args, rank, "v2")
-                if P.enabled:
-                    try:
-                        multilayer.time_cycles(worker, lambda: P)
-                    except Exception as e:  # a worker not shaped as the releases read: serve unprofiled
-                        disable(f"the multi-layer worker's cycle could not be wrapped: {type(e).__name__}: {e}")
+            else:  # nor have multi-layer EAGLE's and FROZEN_KV_MTP's constructors (WRAPPED_V2)
+                for name, module in WRAPPED_V2:
+                    if module.is_worker(worker):
+                        install(args, rank, "v2")
+                        if P.enabled:
+                            try:
+                                module.time_cycles(worker, lambda: P)
+                            except Exception as e:  # a worker not shaped as the releases read: serve unprofiled
+                                disable(f"the {name} worker's cycle could not be wrapped: {type(e).__name__}: {e}")
+                        break
         for p in (P, _state["paused"]):
             if p is not None and p.enabled:
                 _own(p).scheduler = scheduler

@@ -23,7 +23,7 @@ tree: the startup check refuses the flag there (`server_args.MULTI_LAYER_FROM`).
 
 from __future__ import annotations
 
-from .wrapping import decoding, harvest_first, mark_after, wrap
+from .wrapping import harvest_first, mark_after, prefill_marks, v2_cycle, wrap
 
 DRAFT = "draft"
 TREE = "tree"
@@ -33,7 +33,7 @@ TARGET = "target_extend"
 MARKER = "specprof_multilayer"
 
 
-def is_multi_layer(worker) -> bool:
+def is_worker(worker) -> bool:
     """The multi-layer EAGLE v2 worker (by its class, whatever module holds it)."""
     return type(worker).__name__ == "MultiLayerEagleWorkerV2"
 
@@ -62,44 +62,6 @@ def time_cycles(worker, profiler_of, tree_hooked: bool | None = None) -> bool:
     steps = getattr(worker, "speculative_num_steps", None)
     state = {"p": None, "decode": False}  # the profiler and kind of the cycle in flight
 
-    def forward(orig):
-        def forward_batch_generation(batch, *args, **kwargs):
-            p = profiler_of()
-            decode = decoding(batch) if p.enabled else None
-            if decode is None:
-                return orig(batch, *args, **kwargs)
-            try:
-                bs = len(batch.reqs)
-                if decode and getattr(batch, "is_extend_in_batch", False):
-                    decode = False  # upstream takes its prefill path for a batch with an extend in it
-            except Exception:  # never take the server down: the cycle goes untimed
-                return orig(batch, *args, **kwargs)
-            if decode:
-                p.begin("decode", bs, batch, steps)
-            else:
-                p.begin("prefill", bs)
-            state["p"], state["decode"] = p, decode
-            try:
-                out = orig(batch, *args, **kwargs)
-            finally:
-                state["p"] = None
-            p.end()
-            return out
-        return forward_batch_generation
-
-    def prefill_extend(orig):
-        """A prefill's target forward ends where the draft's extend over the prompt starts."""
-        def _draft_extend_for_prefill(*args, **kwargs):
-            p = state["p"]
-            prefill = p is not None and not state["decode"]
-            if prefill:
-                p.mark(TARGET)
-            out = orig(*args, **kwargs)
-            if prefill:
-                p.mark(EXTEND)
-            return out
-        return _draft_extend_for_prefill
-
     def _wrap(obj, name, make):
         wrap(obj, name, make, MARKER)
 
@@ -109,7 +71,7 @@ def time_cycles(worker, profiler_of, tree_hooked: bool | None = None) -> bool:
     if hasattr(draft_worker, "_draft_extend_plan_for_decode"):  # 0.5.20+
         _wrap(draft_worker, "_draft_extend_plan_for_decode", mark_after(state, PLAN))
     _wrap(draft_worker, "_draft_extend_for_decode", mark_after(state, EXTEND))
-    _wrap(draft_worker, "_draft_extend_for_prefill", prefill_extend)
+    _wrap(draft_worker, "_draft_extend_for_prefill", prefill_marks(state, TARGET, EXTEND))
     _wrap(worker, "on_verify_complete_cpu", harvest_first(profiler_of))
-    _wrap(worker, "forward_batch_generation", forward)  # last: its mark says the rest are in place
+    _wrap(worker, "forward_batch_generation", v2_cycle(profiler_of, state, steps))  # last: its mark says the rest are in place
     return True

@@ -1,6 +1,7 @@
 """Methods of a worker instance wrapped so that its cycle is timed, where no line of a patch calls
-the profiler: the plain profile (plain.py), NGRAM (ngram.py) and multi-layer EAGLE
-(multilayer.py) all wrap this way, from the scheduler's idle housekeeping (`hooks.idle`)."""
+the profiler: the plain profile (plain.py), NGRAM (ngram.py), multi-layer EAGLE (multilayer.py)
+and FROZEN_KV_MTP (frozen_kv.py) all wrap this way, from the scheduler's idle housekeeping
+(`hooks.idle`)."""
 
 from __future__ import annotations
 
@@ -51,4 +52,55 @@ def harvest_first(profiler_of):
             profiler_of().harvest(correct)
             return orig(correct, *args, **kwargs)
         return on_verify_complete_cpu
+    return make
+
+
+def v2_cycle(profiler_of, state: dict, steps):
+    """For `wrap` on a v2 worker's `forward_batch_generation` (multi-layer EAGLE, FROZEN_KV_MTP):
+    each decode and prefill a cycle of the profiler `profiler_of()` gives at its start (the
+    hooks' `P`, which a pause or an internal error replaces), `steps` passed with a decode's
+    begin; `state` holds the profiler and kind of the cycle in flight for the marks' wrappers.
+    A decode batch with an extend in it (`is_extend_in_batch`) is timed as the prefill upstream
+    runs for it."""
+    def make(orig):
+        def forward_batch_generation(batch, *args, **kwargs):
+            p = profiler_of()
+            decode = decoding(batch) if p.enabled else None
+            if decode is None:
+                return orig(batch, *args, **kwargs)
+            try:
+                bs = len(batch.reqs)
+                if decode and getattr(batch, "is_extend_in_batch", False):
+                    decode = False
+            except Exception:  # never take the server down: the cycle goes untimed
+                return orig(batch, *args, **kwargs)
+            if decode:
+                p.begin("decode", bs, batch, steps)
+            else:
+                p.begin("prefill", bs)
+            state["p"], state["decode"] = p, decode
+            try:
+                out = orig(batch, *args, **kwargs)
+            finally:
+                state["p"] = None
+            p.end()
+            return out
+        return forward_batch_generation
+    return make
+
+
+def prefill_marks(state: dict, before: str, after: str):
+    """For `wrap` on the draft's extend over a prompt: `before` marked as it starts (the target's
+    forward ends there), `after` as it returns, on a prefill cycle in flight only."""
+    def make(orig):
+        def method(*args, **kwargs):
+            p = state["p"]
+            prefill = p is not None and not state["decode"]
+            if prefill:
+                p.mark(before)
+            out = orig(*args, **kwargs)
+            if prefill:
+                p.mark(after)
+            return out
+        return method
     return make
