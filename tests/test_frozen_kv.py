@@ -13,7 +13,7 @@ from fakes import FakeBackend
 from conftest import pinned_wheel
 from specprof_build import release
 from test_algorithms import Batch, Req, _accept, _args, _close, _serve
-from test_multilayer import MultiLayerEagleWorkerV2, prefill_phases
+from test_multilayer import MultiLayerEagleWorkerV2, assert_no_and_every_draft_accepted, prefill_phases
 
 from sglang.specprof import frozen_kv, hooks
 from sglang.specprof import server_args as spa
@@ -145,11 +145,7 @@ def test_a_frozen_kv_cycle_is_timed_phase_by_phase_and_commits_what_the_clients_
     assert (replays > 0) == bool(graph_most) and (eager > 0) == (graph_most < 6)
     prefill = [bk for bk in s["buckets"].values() if bk.get("prefill_cycles")]
     assert prefill
-    hist = [0] * 4
-    for bk in decode.values():
-        for n, c in enumerate(bk["accept"]["drafts_histogram"]):
-            hist[n] += c
-    assert hist[0] and hist[3]
+    assert_no_and_every_draft_accepted(decode.values())
     assert worker.verified is not None  # upstream's own on_verify_complete_cpu still runs
 
 

@@ -138,12 +138,17 @@ def test_a_multi_layer_cycle_is_timed_phase_by_phase_and_commits_what_the_client
         assert bk["graph"]["replays"].get("verify")
     prefill = [bk for bk in s["buckets"].values() if bk.get("prefill_cycles")]
     assert prefill
+    assert_no_and_every_draft_accepted(decode)
+    assert worker.verified is not None  # upstream's own on_verify_complete_cpu still runs
+
+
+def assert_no_and_every_draft_accepted(decode) -> None:
+    """Across the decode buckets' histograms of correct drafts: requests with none and with 3."""
     hist = [0] * 4
     for bk in decode:
         for n, c in enumerate(bk["accept"]["drafts_histogram"]):
             hist[n] += c
     assert hist[0] and hist[3]
-    assert worker.verified is not None  # upstream's own on_verify_complete_cpu still runs
 
 
 def prefill_phases(p, b, worker, out) -> dict:

@@ -130,8 +130,12 @@ CASES = {
     "ngram": ["--speculative-profile", "--speculative-algorithm", "NGRAM"],
     "standalone": ["--speculative-profile", "--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path",
                    "d"],
-    # 0.5.11 on; before, argparse's choices refuse it (the release has no such worker)
-    "dflash": ["--speculative-profile", "--speculative-algorithm", "DFLASH"],
+    # 0.5.11 on; before, argparse's choices refuse it (the release has no such worker); taken from 0.5.14
+    "dflash": ["--speculative-profile", "--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", "d"],
+    # 0.5.16 on, taken wherever a release has it
+    "dspark": ["--speculative-profile", "--speculative-algorithm", "DSPARK", "--speculative-draft-model-path", "d"],
+    # 0.5.20 on: refused
+    "uno": ["--speculative-profile", "--speculative-algorithm", "UNO"],
     "multi-layer": ["--speculative-profile", "--speculative-algorithm", "EAGLE3", "--enable-multi-layer-eagle"],
     # 0.5.12 on (a Gemma 4 assistant's draft); taken from 0.5.14, refused before
     "frozen-kv": ["--speculative-profile", "--speculative-algorithm", "FROZEN_KV_MTP", "--speculative-draft-model-path",
@@ -219,13 +223,35 @@ def test_parses_with_each_profiled_algorithm(parsed, name, algo):
     assert case["got"]["algo"] == algo and case["got"]["profile"] is True
 
 
-def test_an_algorithm_the_release_has_and_the_profile_does_not_is_refused_in_one_sentence(parsed):
+def _algorithms(parsed):
+    """The --speculative-algorithm choices the release's parser lists, or None (free text)."""
     choices = re.search(r"--speculative-algorithm \{([A-Z0-9_,]+)\}", parsed["help"])
-    if choices and "DFLASH" not in choices.group(1).split(","):  # 0.5.8 to 0.5.10.post1: every one is profiled
-        assert parsed["dflash"]["rc"] == 2 and "invalid choice" in parsed["dflash"]["stderr"]
+    return choices.group(1).split(",") if choices else None
+
+
+def test_an_algorithm_the_release_has_and_the_profile_does_not_is_refused_in_one_sentence(parsed):
+    if Version(parsed["version"]) < Version("0.5.20"):  # UNO: every algorithm before it is profiled
         pytest.skip("this release has no algorithm the profile does not time")
-    _one_sentence(parsed["dflash"], "times the EAGLE, EAGLE3, STANDALONE, NGRAM and FROZEN_KV_MTP workers only, "
-                                    "not --speculative-algorithm DFLASH")
+    _one_sentence(parsed["uno"], "times the EAGLE, EAGLE3, STANDALONE, NGRAM, FROZEN_KV_MTP, DFLASH and DSPARK "
+                                 "workers only, not --speculative-algorithm UNO")
+
+
+@pytest.mark.parametrize("name, algo, first, since", [("dflash", "DFLASH", "0.5.11", "0.5.14"),
+                                                      ("dspark", "DSPARK", "0.5.16", "0.5.16")])
+def test_the_block_drafters_are_taken_from_their_v2_worker_on(parsed, name, algo, first, since):
+    """DFLASH up to 0.5.13 runs a v1 worker of its own (its verify commits the tokens): refused
+    there in one sentence; from 0.5.14 (and DSPARK wherever a release has it) its cycle is
+    wrapped (block_draft.py)."""
+    case = parsed[name]
+    choices = _algorithms(parsed)
+    assert choices is None or (algo in choices) == (Version(parsed["version"]) >= Version(first))
+    if Version(parsed["version"]) < Version(first):  # upstream's own answer to a name it lacks
+        pytest.skip(f"this release has no {algo}")
+    if Version(parsed["version"]) >= Version(since):
+        assert case["rc"] == 0, case["stderr"]
+        assert case["got"]["algo"] == algo and case["got"]["profile"] is True
+    else:
+        _one_sentence(case, f"--speculative-profile times --speculative-algorithm {algo} from SGLang {since} on")
 
 
 def test_multi_layer_eagle_is_taken_from_0_5_16_and_refused_before(parsed):

@@ -21,6 +21,7 @@ from .trees import tree_rows
 # the host): no draft forward whose cost grows with the step count, so the model above does not
 # describe their cycles
 NO_DRAFT_MODEL = ("NGRAM",)
+BLOCK_DRAFTERS = ("DFLASH", "DSPARK")  # a block drafted in one forward (block_draft.py)
 
 
 def not_applicable(config: dict | None) -> str | None:
@@ -32,6 +33,9 @@ def not_applicable(config: dict | None) -> str | None:
     if algorithm == "FROZEN_KV_MTP":
         return ("the step-count advisor does not apply to FROZEN_KV_MTP: its assistant's steps run in one graph of "
                 "the frozen-KV worker's own, timed whole as the draft, and its model needs each step's cost")
+    if algorithm in BLOCK_DRAFTERS:
+        return (f"the step-count advisor does not apply to {algorithm}: it drafts a whole block in one forward of its "
+                f"draft model (--speculative-{algorithm.lower()}-block-size sets its width), not step by step")
     if algorithm in NO_DRAFT_MODEL:
         return (f"the step-count advisor does not apply to {algorithm}: its drafts are matched on the host, with "
                 f"no draft forward per step whose cost it could weigh against acceptance "

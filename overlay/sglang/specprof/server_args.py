@@ -15,10 +15,11 @@ import stat
 from .jsonl import rank_path
 
 # NEXTN is SGLang's name for EAGLE on MTP layers: 0.5.8 checks the flag before it renames it.
-# STANDALONE's worker is the EAGLE worker with a draft model of its own; NGRAM's and
-# FROZEN_KV_MTP's cycles are wrapped from the overlay (ngram.py, frozen_kv.py), the latter from
-# FROZEN_KV_FROM on.
-PROFILED_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM", "FROZEN_KV_MTP")
+# STANDALONE's worker is the EAGLE worker with a draft model of its own; NGRAM's,
+# FROZEN_KV_MTP's, DFLASH's and DSPARK's cycles are wrapped from the overlay (ngram.py,
+# frozen_kv.py, block_draft.py), FROZEN_KV_MTP's from FROZEN_KV_FROM on and DFLASH's from
+# DFLASH_FROM on (SINCE). UNO (0.5.20 on) is refused.
+PROFILED_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM", "FROZEN_KV_MTP", "DFLASH", "DSPARK")
 INTERVAL = 100  # decode cycles a window by default
 MAX_INTERVAL = 1_000_000  # hours of decoding at any batch size: a larger window would never close
 KERNELS_EVERY = 400  # --speculative-profile-kernels without N: one sample every 400 windows (about 0.24 s each)
@@ -128,13 +129,15 @@ def validate(args) -> None:
                                   f"{'.'.join(map(str, MULTI_LAYER_FROM))} on; profile without it here.")
     if algo is not None and str(algo).upper() not in PROFILED_ALGORITHMS:
         raise SpecProfileArgError(
-            f"--speculative-profile times the EAGLE, EAGLE3, STANDALONE, NGRAM and FROZEN_KV_MTP workers only, "
-            f"not --speculative-algorithm {algo}."
+            f"--speculative-profile times the EAGLE, EAGLE3, STANDALONE, NGRAM, FROZEN_KV_MTP, DFLASH and DSPARK "
+            f"workers only, not --speculative-algorithm {algo}."
         )
-    if algo is not None and str(algo).upper() == "FROZEN_KV_MTP" and not frozen_kv_timed():
-        # up to 0.5.13 its worker is a v1 worker of its own, whose verify carries no hook
-        raise SpecProfileArgError("--speculative-profile times --speculative-algorithm FROZEN_KV_MTP from SGLang "
-                                  f"{'.'.join(map(str, FROZEN_KV_FROM))} on; profile without it here.")
+    since = SINCE.get(str(algo).upper())
+    if since is not None and not _sglang_from(since, None):
+        # before, its worker is a v1 worker of its own (FROZEN_KV_MTP's verify carries no hook,
+        # DFLASH's commits the tokens itself)
+        raise SpecProfileArgError(f"--speculative-profile times --speculative-algorithm {str(algo).upper()} from "
+                                  f"SGLang {'.'.join(map(str, since))} on; profile without it here.")
     if getattr(args, "speculative_adaptive", False) and not hasattr(args, ADAPTIVE_FIELD):
         # upstream switches the step count batch by batch: without each cycle's step count a
         # bucket would mix them, and the advisor would read the mix as one setting
@@ -157,6 +160,8 @@ def validate(args) -> None:
 
 MULTI_LAYER_FROM = (0, 5, 16)  # the multi-layer worker verifies through run_eagle_verify (multilayer.py)
 FROZEN_KV_FROM = (0, 5, 14)  # FROZEN_KV_MTP's v2 worker, whose verify is EAGLE v2's (frozen_kv.py)
+DFLASH_FROM = (0, 5, 14)  # DFLASH's v2 worker (block_draft.py)
+SINCE = {"FROZEN_KV_MTP": FROZEN_KV_FROM, "DFLASH": DFLASH_FROM}  # algorithms timed from a release on
 
 
 def _sglang_from(bound: tuple, version: str | None) -> bool:
@@ -178,6 +183,11 @@ def multi_layer_timed(version: str | None = None) -> bool:
 def frozen_kv_timed(version: str | None = None) -> bool:
     """Whether this SGLang's FROZEN_KV_MTP worker can be timed (FROZEN_KV_FROM on)."""
     return _sglang_from(FROZEN_KV_FROM, version)
+
+
+def dflash_timed(version: str | None = None) -> bool:
+    """Whether this SGLang's DFLASH worker can be timed (DFLASH_FROM on)."""
+    return _sglang_from(DFLASH_FROM, version)
 
 
 def multi_layer_eagle(args) -> bool:

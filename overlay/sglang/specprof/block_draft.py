@@ -1,0 +1,144 @@
+"""--speculative-profile on the block drafters: DFLASH (0.5.14 and later) and DSPARK (every
+release that has it, 0.5.16 on).
+
+Both draft a whole block of tokens in one forward of their draft model, over the target's hidden
+states written into the draft's KV cache, and verify the block with one target forward; neither
+has an EAGLE draft worker or a hook of the series. A decode cycle of `DFlashWorkerV2` /
+`DSparkWorkerV2.forward_batch_generation` is:
+- draft_prep: the block's inputs (the bonus token and mask tokens, their embeddings, positions
+  and cache locations; DSPARK's proposer plans the block);
+- draft: the draft model's forward over the block (`draft_model_runner.forward`, a graph or
+  eager: counted as EAGLE's draft replays are);
+- verify_prep: the block sampled from the draft's logits and the verify's input prepared;
+- verify: the target's forward over the block (`target_worker.forward_batch_generation` with
+  `is_verify=True`, a graph or eager);
+- accept: the accepted prefix and the bonus token found (DSPARK: `accept_and_finalize`);
+- draft_kv: the verified tokens' target hidden states projected into the draft's KV cache
+  (DFLASH: `_append_target_hidden_to_draft_kv_by_loc`, DSPARK: `commit_hidden`); where a release
+  folds a step into a graph (DSPARK 0.5.23's sampling-accept graph), the phases it holds merge
+  into the next one marked.
+A prefill cycle is the target's forward (target_extend) and the prompt's hidden states written
+into the draft's KV (draft_kv).
+
+The scheduler's idle housekeeping installs the profiler and wraps these methods on the instances
+(the worker, its draft model runner, its target worker; DSPARK's verify executor and KV
+injector), with no patch line. Acceptance: the scheduler hands the correct drafts to
+`on_verify_complete_cpu` (BaseSpecWorker's, which does nothing here; wrapped) and commits the
+tokens where the series' commit hooks settle them. DFLASH up to 0.5.13 is a v1 worker of its own
+(its verify commits the tokens itself): the startup check refuses the flag there
+(`server_args.DFLASH_FROM`).
+"""
+
+from __future__ import annotations
+
+from .wrapping import harvest_first, mark_after, v2_cycle, wrap
+
+DRAFT_PREP = "draft_prep"
+DRAFT = "draft"
+VERIFY_PREP = "verify_prep"
+VERIFY = "verify"
+ACCEPT = "accept"
+DRAFT_KV = "draft_kv"
+TARGET = "target_extend"
+MARKER = "specprof_block"
+WORKERS = ("DFlashWorkerV2", "DSparkWorkerV2")
+
+
+def is_worker(worker) -> bool:
+    """A DFLASH or DSPARK v2 worker (by its class, whatever module holds it)."""
+    return type(worker).__name__ in WORKERS
+
+
+def _draft_forward(state: dict):
+    """For `wrap` on the draft model runner's `forward`: `draft_prep` closed as the block's
+    forward starts, `draft` as it returns, the graph replayed or not counted."""
+    def make(orig):
+        def forward(*args, **kwargs):
+            p = state["p"]
+            if p is None or not state["decode"]:
+                return orig(*args, **kwargs)
+            p.mark(DRAFT_PREP)
+            out = orig(*args, **kwargs)
+            p.mark(DRAFT)
+            used = getattr(out, "can_run_graph", None)
+            if used is not None:
+                p.graph(DRAFT, bool(used))
+            return out
+        return forward
+    return make
+
+
+def _target_forward(state: dict, runner_of):
+    """For `wrap` on the target worker's `forward_batch_generation`: in a decode cycle the verify
+    (`is_verify=True`: `verify_prep` closed as it starts, `verify` as it returns, its graph
+    counted), in a prefill the target's extend (`target_extend` closed as it returns)."""
+    def make(orig):
+        def forward_batch_generation(*args, **kwargs):
+            p = state["p"]
+            if p is None:
+                return orig(*args, **kwargs)
+            verify = state["decode"] and kwargs.get("is_verify", False)
+            if verify:
+                p.mark(VERIFY_PREP)
+            out = orig(*args, **kwargs)
+            if verify:
+                p.mark(VERIFY)
+                used = getattr(out, "can_run_cuda_graph", None)
+                if used is not None:
+                    p.graph(VERIFY, bool(used), runner_of())
+            elif not state["decode"] and not kwargs.get("is_verify", False):
+                p.mark(TARGET)
+            return out
+        return forward_batch_generation
+    return make
+
+
+def _kv_step(state: dict, accept_before: bool = False, in_decode: bool = True):
+    """For `wrap` on a step that writes the target's hidden states into the draft's KV: `draft_kv`
+    closed as it returns, in a prefill and (`in_decode`) a decode cycle; in a decode cycle
+    `accept` closed as it starts (`accept_before`: where no wrapper of the acceptance did)."""
+    def make(orig):
+        def method(*args, **kwargs):
+            p = state["p"]
+            if p is not None and state["decode"] and not in_decode:
+                p = None  # DSPARK's injector inside commit_hidden, which marks it
+            if p is not None and state["decode"] and accept_before:
+                p.mark(ACCEPT)
+            out = orig(*args, **kwargs)
+            if p is not None:
+                p.mark(DRAFT_KV)
+            return out
+        return method
+    return make
+
+
+def time_cycles(worker, profiler_of) -> bool:
+    """Wrap the worker's cycle (on its instances) so that each decode and prefill is a cycle of
+    the profiler `profiler_of()` gives at its start. False where it was already wrapped."""
+    if getattr(worker.forward_batch_generation, MARKER, False):
+        return False
+    state = {"p": None, "decode": False}  # the profiler and kind of the cycle in flight
+    target = worker.target_worker
+
+    def _wrap(obj, name, make):
+        wrap(obj, name, make, MARKER)
+
+    def runner_of():
+        return getattr(getattr(target, "model_runner", None), "decode_cuda_graph_runner", None)
+
+    _wrap(worker.draft_model_runner, "forward", _draft_forward(state))
+    _wrap(target, "forward_batch_generation", _target_forward(state, runner_of))
+    if type(worker).__name__ == "DSparkWorkerV2":
+        executor = worker._verify_executor
+        _wrap(executor, "accept_and_finalize", mark_after(state, ACCEPT))
+        _wrap(executor, "commit_hidden", _kv_step(state))
+        injector = worker._kv_injector
+        for name in ("inject_target_hidden", "inject_prefill"):  # a prefill's (the latter 0.5.23)
+            if hasattr(injector, name):
+                _wrap(injector, name, _kv_step(state, in_decode=False))
+    else:
+        _wrap(worker, "_append_target_hidden_to_draft_kv_by_loc", _kv_step(state, accept_before=True))
+    _wrap(worker, "on_verify_complete_cpu", harvest_first(profiler_of))
+    steps = getattr(worker, "speculative_num_steps", None)
+    _wrap(worker, "forward_batch_generation", v2_cycle(profiler_of, state, steps))  # last: the rest are in place
+    return True
