@@ -33,6 +33,9 @@ def not_applicable(config: dict | None) -> str | None:
     if algorithm == "FROZEN_KV_MTP":
         return ("the step-count advisor does not apply to FROZEN_KV_MTP: its assistant's steps run in one graph of "
                 "the frozen-KV worker's own, timed whole as the draft, and its model needs each step's cost")
+    if algorithm == "UNO":
+        return ("the step-count advisor does not apply to UNO: the target drafts for itself under a LoRA adapter, "
+                "a block of --speculative-num-draft-tokens proposals in one forward, not step by step")
     if algorithm in BLOCK_DRAFTERS:
         return (f"the step-count advisor does not apply to {algorithm}: it drafts a whole block in one forward of its "
                 f"draft model (--speculative-{algorithm.lower()}-block-size sets its width), not step by step")

@@ -21,7 +21,7 @@ from . import zero_step
 from .folder import AT_HAND_OVER, READER_THREAD
 from .jsonl import JsonlSink, rank_path
 from .kernel_sampler import CYCLES, KernelSampler
-from . import block_draft, frozen_kv, multilayer, ngram
+from . import block_draft, frozen_kv, multilayer, ngram, uno
 from .null import NullProfiler
 from .plain import PlainProfiler, time_forwards
 from .policy import POLICY_FILE_ENV, CostPolicy, follow_file
@@ -233,7 +233,8 @@ def install(server_args, tp_rank: int | None = 0, worker: str = "v2") -> None:
 
 
 # v2 workers whose constructor carries no install hook: their cycle is wrapped from `idle`
-WRAPPED_V2 = (("multi-layer", multilayer), ("frozen-KV MTP", frozen_kv), ("DFLASH / DSPARK", block_draft))
+WRAPPED_V2 = (("multi-layer", multilayer), ("frozen-KV MTP", frozen_kv), ("DFLASH / DSPARK", block_draft),
+              ("UNO", uno))
 
 
 def idle(scheduler=None) -> None:
@@ -243,7 +244,7 @@ def idle(scheduler=None) -> None:
     server without speculation given --speculative-profile, the plain profile starts here, on
     an NGRAM server the NGRAM worker's (ngram.py), on a multi-layer EAGLE server its worker's
     (multilayer.py), on a FROZEN_KV_MTP server its worker's (frozen_kv.py), on a DFLASH or
-    DSPARK server its worker's (block_draft.py)."""
+    DSPARK server its worker's (block_draft.py), on a UNO server its worker's (uno.py)."""
     if scheduler is not _state["scheduler"]:
         _attach(scheduler)
     P.idle()
@@ -268,7 +269,7 @@ def _attach(scheduler) -> None:
                 install(args, rank, ngram.worker_kind(worker))
                 if P.enabled:
                     ngram.time_cycles(worker, lambda: P)
-            else:  # nor have multi-layer EAGLE's, FROZEN_KV_MTP's, DFLASH's and DSPARK's (WRAPPED_V2)
+            else:  # nor have multi-layer EAGLE's, FROZEN_KV_MTP's, DFLASH's, DSPARK's and UNO's (WRAPPED_V2)
                 for name, module in WRAPPED_V2:
                     if module.is_worker(worker):
                         install(args, rank, "v2")

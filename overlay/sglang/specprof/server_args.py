@@ -16,10 +16,11 @@ from .jsonl import rank_path
 
 # NEXTN is SGLang's name for EAGLE on MTP layers: 0.5.8 checks the flag before it renames it.
 # STANDALONE's worker is the EAGLE worker with a draft model of its own; NGRAM's,
-# FROZEN_KV_MTP's, DFLASH's and DSPARK's cycles are wrapped from the overlay (ngram.py,
-# frozen_kv.py, block_draft.py), FROZEN_KV_MTP's from FROZEN_KV_FROM on and DFLASH's from
-# DFLASH_FROM on (SINCE). UNO (0.5.20 on) is refused.
-PROFILED_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM", "FROZEN_KV_MTP", "DFLASH", "DSPARK")
+# FROZEN_KV_MTP's, DFLASH's, DSPARK's and UNO's cycles are wrapped from the overlay (ngram.py,
+# frozen_kv.py, block_draft.py, uno.py), FROZEN_KV_MTP's from FROZEN_KV_FROM on and DFLASH's
+# from DFLASH_FROM on (SINCE): every algorithm the releases ship.
+PROFILED_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM", "FROZEN_KV_MTP", "DFLASH", "DSPARK",
+                       "UNO")
 INTERVAL = 100  # decode cycles a window by default
 MAX_INTERVAL = 1_000_000  # hours of decoding at any batch size: a larger window would never close
 KERNELS_EVERY = 400  # --speculative-profile-kernels without N: one sample every 400 windows (about 0.24 s each)
@@ -129,8 +130,8 @@ def validate(args) -> None:
                                   f"{'.'.join(map(str, MULTI_LAYER_FROM))} on; profile without it here.")
     if algo is not None and str(algo).upper() not in PROFILED_ALGORITHMS:
         raise SpecProfileArgError(
-            f"--speculative-profile times the EAGLE, EAGLE3, STANDALONE, NGRAM, FROZEN_KV_MTP, DFLASH and DSPARK "
-            f"workers only, not --speculative-algorithm {algo}."
+            f"--speculative-profile times the EAGLE, EAGLE3, STANDALONE, NGRAM, FROZEN_KV_MTP, DFLASH, DSPARK and "
+            f"UNO workers only, not --speculative-algorithm {algo}."
         )
     since = SINCE.get(str(algo).upper())
     if since is not None and not _sglang_from(since, None):

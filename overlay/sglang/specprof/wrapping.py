@@ -55,13 +55,14 @@ def harvest_first(profiler_of):
     return make
 
 
-def v2_cycle(profiler_of, state: dict, steps):
-    """For `wrap` on a v2 worker's `forward_batch_generation` (multi-layer EAGLE, FROZEN_KV_MTP):
-    each decode and prefill a cycle of the profiler `profiler_of()` gives at its start (the
-    hooks' `P`, which a pause or an internal error replaces), `steps` passed with a decode's
-    begin; `state` holds the profiler and kind of the cycle in flight for the marks' wrappers.
-    A decode batch with an extend in it (`is_extend_in_batch`) is timed as the prefill upstream
-    runs for it."""
+def v2_cycle(profiler_of, state: dict, steps, last: tuple = (None, None)):
+    """For `wrap` on a v2 worker's `forward_batch_generation` (multi-layer EAGLE, FROZEN_KV_MTP,
+    DFLASH, DSPARK, UNO): each decode and prefill a cycle of the profiler `profiler_of()` gives at
+    its start (the hooks' `P`, which a pause or an internal error replaces), `steps` passed with a
+    decode's begin; `state` holds the profiler and kind of the cycle in flight for the marks'
+    wrappers. `last`: the marks (decode, prefill) that close a cycle where no wrapped call ends
+    it, or None. A decode batch with an extend in it (`is_extend_in_batch`) is timed as the
+    prefill upstream runs for it."""
     def make(orig):
         def forward_batch_generation(batch, *args, **kwargs):
             p = profiler_of()
@@ -83,6 +84,9 @@ def v2_cycle(profiler_of, state: dict, steps):
                 out = orig(batch, *args, **kwargs)
             finally:
                 state["p"] = None
+            closing = last[0 if decode else 1]
+            if closing is not None:
+                p.mark(closing)
             p.end()
             return out
         return forward_batch_generation
