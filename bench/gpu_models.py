@@ -62,18 +62,21 @@ def write_mimo_v2(root, layers=4, mtp_layers=3):
         num_nextn_predict_layers=mtp_layers))
 
 
-def write_dflash_draft(root, shape="8b", block=8):
+def write_dflash_draft(root, shape="8b", block=8, dspark=False):
     """A 1-layer DFLASH draft (DFlashDraftModel) for the Llama target of `shape`: the target's width,
     a block of `block` tokens, the mask token the vocabulary's last id, the target's hidden
     states taken at three layers as EAGLE3's are. Serve with `--speculative-algorithm DFLASH`
-    and `--speculative-num-draft-tokens` equal to `block`; returns its folder."""
+    and `--speculative-num-draft-tokens` equal to `block`. `dspark`: the same as DSPARK's draft
+    (Qwen3DSparkModel, 0.5.16's name, with a rank-64 Markov head), whose block is `block` - 1
+    tokens beside the bonus (`--speculative-num-draft-tokens` still `block`). Returns its folder."""
     s = SHAPES[shape]
     n = s["num_hidden_layers"]
-    return _write(os.path.join(root, "dflash-draft"), _llama(
-        dict(s, num_hidden_layers=1), architectures=["DFlashDraftModel"],
-        head_dim=s["hidden_size"] // s["num_attention_heads"],
-        dflash_config={"block_size": block, "mask_token_id": s["vocab_size"] - 1, "num_target_layers": n,
-                       "target_layer_ids": [1, n // 2 - 1, n - 4]}))
+    extra = dict(architectures=["Qwen3DSparkModel"], markov_rank=64, markov_head_type="vanilla") if dspark else dict(
+        architectures=["DFlashDraftModel"])
+    return _write(os.path.join(root, "dspark-draft" if dspark else "dflash-draft"), _llama(
+        dict(s, num_hidden_layers=1), head_dim=s["hidden_size"] // s["num_attention_heads"],
+        dflash_config={"block_size": block - 1 if dspark else block, "mask_token_id": s["vocab_size"] - 1,
+                       "num_target_layers": n, "target_layer_ids": [1, n // 2 - 1, n - 4]}, **extra))
 
 
 def bench_dirs(out, logs, shape="8b"):

@@ -430,3 +430,24 @@ def test_the_mimo_v2_dummy_is_dense_full_attention_with_an_mtp_layer_per_step(tm
     assert c["hybrid_layer_pattern"] == c["moe_layer_freq"] == [0, 0, 0] and c["sliding_window_size"] == -1
     for f in ("num_attention_heads", "num_key_value_heads", "head_dim", "v_head_dim"):
         assert c[f"swa_{f}"] == c[f], f
+
+
+@pytest.mark.parametrize("dspark", [False, True], ids=["dflash", "dspark"])
+def test_the_block_drafters_dummies_fit_the_target_they_draft_for(tmp_path, dspark):
+    """DFLASH's and DSPARK's dummy drafts (read from SGLang 0.5.16's dflash_utils / dspark_config):
+    the target's width, a mask token inside its vocabulary, target layers it has, and, for DSPARK,
+    a Markov head and a block one short of the verified tokens (the bonus is the verify's)."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    from gpu_models import SHAPES, write_dflash_draft
+
+    c = json.loads((Path(write_dflash_draft(str(tmp_path), "8b", 8, dspark=dspark)) / "config.json").read_text())
+    t = SHAPES["8b"]
+    d = c["dflash_config"]
+    assert c["hidden_size"] == t["hidden_size"] and c["num_hidden_layers"] == 1
+    assert 0 <= d["mask_token_id"] < t["vocab_size"] and d["num_target_layers"] == t["num_hidden_layers"]
+    assert all(0 <= i < t["num_hidden_layers"] for i in d["target_layer_ids"])
+    if dspark:
+        assert c["architectures"] == ["Qwen3DSparkModel"] and c["markov_rank"] > 0 and d["block_size"] == 7
+        assert c["markov_head_type"] in ("vanilla", "gated", "rnn")
+    else:
+        assert c["architectures"] == ["DFlashDraftModel"] and d["block_size"] == 8

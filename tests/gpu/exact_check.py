@@ -5,7 +5,7 @@
                                     [--cost-rounds N --cost-tokens T]
 
 Starts one dummy-weight server per setting (side by side on one GPU; EAGLE3, or STANDALONE
-with a 1B-shaped draft, NGRAM, multi-layer EAGLE or DFLASH: SETTINGS and ALGORITHM below),
+with a 1B-shaped draft, NGRAM, multi-layer EAGLE, DFLASH or DSPARK: SETTINGS and ALGORITHM below),
 sends each the loads below, reads `/server_info` totals before and after each load, and writes DIR/check.json:
 per server and load, the decode tokens the clients received (completion tokens - 1 per request,
 the first token being the prefill's), the profiler's committed tokens over the same stretch
@@ -54,11 +54,13 @@ SETTINGS = {
     # multi-layer EAGLE: a small dense MiMoV2 target whose 3 MTP layers draft (gpu_models.write_mimo_v2);
     # hybrid SWA memory off (the dummy has no sliding window)
     "ml3": (3, 1, 4, ["--enable-multi-layer-eagle", "--disable-hybrid-swa-memory"]),
-    # DFLASH: a 1-layer block drafter of the 8B target's width, blocks of 8 (gpu_models.write_dflash_draft)
+    # DFLASH and DSPARK: 1-layer block drafters of the 8B target's width, verifying 8 tokens a
+    # request (gpu_models.write_dflash_draft)
     "df8": (1, 1, 8, []),
+    "dp8": (1, 1, 8, []),
 }
 ALGORITHM = {"sa3": "STANDALONE", "sa3k2": "STANDALONE", "ng8": "NGRAM", "ml3": "EAGLE",
-             "df8": "DFLASH"}  # the rest: EAGLE3
+             "df8": "DFLASH", "dp8": "DSPARK"}  # the rest: EAGLE3
 GRAPH_BS = [1, 2, 4, 8, 12, 16]  # captured batch sizes: 3 pads to 4, 24 concurrent runs eager
 
 
@@ -228,14 +230,14 @@ def main():
     target, draft = write_models(models, "8b")
     small = write_standalone_draft(models, "1b")
     mimo = write_mimo_v2(models)
-    block = write_dflash_draft(models, "8b", SETTINGS["df8"][2])
+    block = {"DFLASH": write_dflash_draft(models, "8b", SETTINGS["df8"][2]),
+             "DSPARK": write_dflash_draft(models, "8b", SETTINGS["dp8"][2], dspark=True)}
     env = dict(os.environ, SGLANG_SIMULATE_ACC_LEN=a.acc, SGLANG_SIMULATE_ACC_METHOD=a.acc_method)
 
     def server_argv(name, prof, kernels):
         steps, topk, dt, extra = SETTINGS[name]
         algo = ALGORITHM.get(name, "EAGLE3")
-        tgt, drf = (mimo, mimo) if name.startswith("ml") else (
-            target, {"STANDALONE": small, "DFLASH": block}.get(algo, draft))
+        tgt, drf = (mimo, mimo) if name.startswith("ml") else (target, dict(block, STANDALONE=small).get(algo, draft))
         return eagle3_args(tgt, drf, steps, topk, dt, GRAPH_BS, a.max_tokens, algorithm=algo) + [
             "--speculative-profile", "--speculative-profile-output", prof, "--speculative-profile-interval", "50",
             "--context-length", "8192", *extra] + (["--speculative-profile-kernels", str(kernels)] if kernels else [])
