@@ -168,3 +168,26 @@ def test_each_release_s_uno_worker_is_what_the_wrappers_take(version):
     assert "_run_target_block" in calls(methods["_run_draft_block"])
     assert {"_run_draft_block", "_run_target_block"} <= calls(methods["_forward_decode"])
     assert "tree_mode" in ast.unparse(methods["_run_draft_block"])
+
+
+def test_two_tokens_beside_the_drafts_are_committed_and_nothing_counts_as_cut(monkeypatch):
+    """UNO commits its accepted proposals and two tokens more a request (the correction and the
+    bonus; the scheduler hands `accept - 2` to on_verify_complete_cpu): the committed tokens are
+    what the requests took, and none counts as cut at a stop (it read -1 a request before)."""
+    p, b, worker, out = _profiled(monkeypatch)
+    reqs = [Req(100), Req(100), Req(100)]
+    worker.forward_batch_generation(Batch(reqs, "extend"))
+    taken = 0
+    for _ in range(4):
+        batch = Batch(reqs)
+        correct = worker.forward_batch_generation(batch)
+        worker.on_verify_complete_cpu(correct, batch_size=len(reqs))
+        p.commit_begin(batch.reqs)
+        for r, c in zip(reqs, correct):
+            r.take(c + 2)
+            taken += c + 2
+        p.commit_end()
+    _close(p, b)
+    assert p.tokens["committed_tokens"] == taken and p.tokens["cut_tokens"] == 0
+    s = report.summarize(out)
+    assert sum(bk["accept"]["committed_tokens"] for bk in s["buckets"].values()) == taken

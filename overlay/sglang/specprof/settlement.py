@@ -49,7 +49,8 @@ class Settlement:
     def settle(self, correct, committed=None, skipped=0):
         """One decode cycle's acceptance. `correct`: correct drafts of each request that took
         the cycle's tokens; `committed`: the tokens each of them got (correct + 1 unless cut at
-        a stop). The window closes after its `interval`-th."""
+        a stop; UNO commits two tokens beside the drafts). The window closes after its
+        `interval`-th."""
         if committed is None:
             committed = [c + 1 for c in correct]
         t = self.tokens
@@ -57,7 +58,10 @@ class Settlement:
         t["committed_tokens"] += got
         t["verified_requests"] += len(correct)
         t["skipped_requests"] += skipped
-        t["cut_tokens"] += sum(correct) + len(correct) - got
+        cut = sum(correct) + len(correct) - got
+        if cut < 0:  # a request took more than its drafts and one token: only what a stop cut counts
+            cut = sum(max(c + 1 - n, 0) for c, n in zip(correct, committed))
+        t["cut_tokens"] += cut
         self.rec.items.append(("accept", correct, committed, skipped))
         n = self.window_decode + 1
         self.window_decode = n
