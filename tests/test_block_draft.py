@@ -125,13 +125,15 @@ class Proposer:
 
 
 class DSparkWorkerV2(BlockWorker):
-    """Upstream's cycle, its work in component objects held on the worker."""
+    """Upstream's cycle, its work in component objects held on the worker; `folded`: 0.5.23's
+    sampling-accept graph with the commit folded in (neither accept_and_finalize nor commit_hidden)."""
 
-    def __init__(self, b, accept, graph_most):
+    def __init__(self, b, accept, graph_most, folded=False):
         super().__init__(b, accept, graph_most)
         self._kv_injector = KvInjector(b)
         self._proposer = Proposer(self)
         self._verify_executor = VerifyExecutor(self)
+        self.folded = folded
 
     def forward_batch_generation(self, batch, on_publish=None):
         if batch.forward_mode.is_extend() or getattr(batch, "is_extend_in_batch", False):
@@ -140,8 +142,11 @@ class DSparkWorkerV2(BlockWorker):
             return None
         self._proposer.propose(batch)
         self._verify_executor.run_non_compact(batch)
-        self._verify_executor.accept_and_finalize(batch)
-        self._verify_executor.commit_hidden(batch)
+        if self.folded:
+            self.b.advance(0.25)  # the sampling-accept graph: acceptance and the draft KV
+        else:
+            self._verify_executor.accept_and_finalize(batch)
+            self._verify_executor.commit_hidden(batch)
         return self._correct(batch)
 
 
@@ -289,3 +294,22 @@ def test_each_release_s_block_drafters_are_what_the_wrappers_take(version):
             assert "inject_target_hidden" in _methods(injector)
             draft = z.read(spec + "dspark_components/dspark_draft.py").decode()
             assert "self.draft_model_runner.forward(" in draft
+
+
+def test_a_dspark_cycle_whose_acceptance_and_kv_a_graph_holds_is_closed_by_accept(monkeypatch):
+    """0.5.23 can fold the acceptance and the draft KV into a graph of their own: no wrapped call
+    marks them, and without a closing mark their time would fall between the cycles."""
+    b = FakeBackend()
+    out = []
+    p = Profiler(b, interval=1000, sink=out.append, clock=b.clock, log_table=False,
+                 config={"algorithm": "DSPARK", "num_steps": 1, "num_draft_tokens": 8, "topk": 1, "worker": "v2"})
+    monkeypatch.setattr(hooks, "P", p)
+    worker = DSparkWorkerV2(b, _accept, 16, folded=True)
+    block_draft.time_cycles(worker, lambda: p)
+    got = _serve(p, worker, True)
+    _close(p, b)
+    s = report.summarize(out)
+    assert sum(bk["accept"]["committed_tokens"] for bk in s["buckets"].values()) == got
+    for bk in (bk for bk in s["buckets"].values() if bk["cycles"]):
+        assert list(bk["phases"]) == ["draft_prep", "draft", "verify_prep", "verify", "accept"]
+        assert bk["phases"]["accept"]["gpu_ms"]["mean"] == pytest.approx(0.25)

@@ -14,9 +14,10 @@ has an EAGLE draft worker or a hook of the series. A decode cycle of `DFlashWork
   `is_verify=True`, a graph or eager);
 - accept: the accepted prefix and the bonus token found (DSPARK: `accept_and_finalize`);
 - draft_kv: the verified tokens' target hidden states projected into the draft's KV cache
-  (DFLASH: `_append_target_hidden_to_draft_kv_by_loc`, DSPARK: `commit_hidden`); where a release
-  folds a step into a graph (DSPARK 0.5.23's sampling-accept graph), the phases it holds merge
-  into the next one marked.
+  (DFLASH: `_append_target_hidden_to_draft_kv_by_loc`, DSPARK: `commit_hidden`). Where a release
+  folds a step into a graph (DSPARK 0.5.23's sampling-accept graph, and its commit folded into
+  it), the phases it holds merge into the next one marked, and a cycle whose draft KV was not
+  written by a wrapped call is closed by `accept` as it ends.
 A prefill cycle is the target's forward (target_extend) and the prompt's hidden states written
 into the draft's KV (draft_kv).
 
@@ -58,6 +59,7 @@ def _draft_forward(state: dict):
             if p is None or not state["decode"]:
                 return orig(*args, **kwargs)
             p.mark(DRAFT_PREP)
+            state["kv"] = False  # until a wrapped call writes the draft's KV
             out = orig(*args, **kwargs)
             p.mark(DRAFT)
             used = getattr(out, "can_run_graph", None)
@@ -107,6 +109,7 @@ def _kv_step(state: dict, accept_before: bool = False, in_decode: bool = True):
             out = orig(*args, **kwargs)
             if p is not None:
                 p.mark(DRAFT_KV)
+                state["kv"] = True
             return out
         return method
     return make
@@ -117,7 +120,7 @@ def time_cycles(worker, profiler_of) -> bool:
     the profiler `profiler_of()` gives at its start. False where it was already wrapped."""
     if getattr(worker.forward_batch_generation, MARKER, False):
         return False
-    state = {"p": None, "decode": False}  # the profiler and kind of the cycle in flight
+    state = {"p": None, "decode": False, "kv": True}  # the cycle in flight; its draft KV marked
     target = worker.target_worker
 
     def _wrap(obj, name, make):
@@ -140,5 +143,6 @@ def time_cycles(worker, profiler_of) -> bool:
         _wrap(worker, "_append_target_hidden_to_draft_kv_by_loc", _kv_step(state, accept_before=True))
     _wrap(worker, "on_verify_complete_cpu", harvest_first(profiler_of))
     steps = getattr(worker, "speculative_num_steps", None)
-    _wrap(worker, "forward_batch_generation", v2_cycle(profiler_of, state, steps))  # last: the rest are in place
+    closing = (lambda: None if state["kv"] else ACCEPT, None)  # a decode whose acceptance and KV a graph held
+    _wrap(worker, "forward_batch_generation", v2_cycle(profiler_of, state, steps, closing))  # last: the rest in place
     return True

@@ -61,8 +61,8 @@ def v2_cycle(profiler_of, state: dict, steps, last: tuple = (None, None)):
     its start (the hooks' `P`, which a pause or an internal error replaces), `steps` passed with a
     decode's begin; `state` holds the profiler and kind of the cycle in flight for the marks'
     wrappers. `last`: the marks (decode, prefill) that close a cycle where no wrapped call ends
-    it, or None. A decode batch with an extend in it (`is_extend_in_batch`) is timed as the
-    prefill upstream runs for it."""
+    it, or None, or a function giving one of those as the cycle ends. A decode batch with an
+    extend in it (`is_extend_in_batch`) is timed as the prefill upstream runs for it."""
     def make(orig):
         def forward_batch_generation(batch, *args, **kwargs):
             p = profiler_of()
@@ -85,6 +85,8 @@ def v2_cycle(profiler_of, state: dict, steps, last: tuple = (None, None)):
             finally:
                 state["p"] = None
             closing = last[0 if decode else 1]
+            if callable(closing):
+                closing = closing()
             if closing is not None:
                 p.mark(closing)
             p.end()
