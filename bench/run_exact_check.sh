@@ -3,7 +3,7 @@
 # tests/gpu/exact_check.py with the given arguments, its result, profiles and server logs packed
 # into PACK_DIR/exact-check.tar.xz (one file back), whatever the check's exit.
 #   bench/run_exact_check.sh WAIT_S PACK_DIR [exact_check.py args...]
-# e.g. bench/run_exact_check.sh 480 $OUT --servers df8 dp8 --quick --kernels 2 --cost-rounds 10 --cost-tokens 384
+# e.g. bench/run_exact_check.sh 480 OUT --servers df8 dp8 --quick --kernels 2 --cost-rounds 10 --cost-tokens 384
 # WAIT_S bounds the check (it is stopped after that many seconds, the pack still made).
 # The bundle: .gpu-bundle/site-$SGLANG_RELEASE.tar.xz built --with-sglang (0.5.16 by default).
 set -uo pipefail

@@ -32,7 +32,7 @@ tokens where the series' commit hooks settle them. DFLASH up to 0.5.13 is a v1 w
 
 from __future__ import annotations
 
-from .wrapping import harvest_first, mark_after, v2_cycle, wrap
+from .wrapping import harvest_first, mark_after, v2_cycle, verify_graph_runner, wrap
 
 DRAFT_PREP = "draft_prep"
 DRAFT = "draft"
@@ -70,7 +70,7 @@ def _draft_forward(state: dict):
     return make
 
 
-def _target_forward(state: dict, runner_of):
+def _target_forward(state: dict, target):
     """For `wrap` on the target worker's `forward_batch_generation`: in a decode cycle the verify
     (`is_verify=True`: `verify_prep` closed as it starts, `verify` as it returns, its graph
     counted), in a prefill the target's extend (`target_extend` closed as it returns)."""
@@ -87,7 +87,7 @@ def _target_forward(state: dict, runner_of):
                 p.mark(VERIFY)
                 used = getattr(out, "can_run_cuda_graph", None)
                 if used is not None:
-                    p.graph(VERIFY, bool(used), runner_of())
+                    p.graph(VERIFY, bool(used), verify_graph_runner(target))
             elif not state["decode"] and not kwargs.get("is_verify", False):
                 p.mark(TARGET)
             return out
@@ -126,11 +126,8 @@ def time_cycles(worker, profiler_of) -> bool:
     def _wrap(obj, name, make):
         wrap(obj, name, make, MARKER)
 
-    def runner_of():
-        return getattr(getattr(target, "model_runner", None), "decode_cuda_graph_runner", None)
-
     _wrap(worker.draft_model_runner, "forward", _draft_forward(state))
-    _wrap(target, "forward_batch_generation", _target_forward(state, runner_of))
+    _wrap(target, "forward_batch_generation", _target_forward(state, target))
     if type(worker).__name__ == "DSparkWorkerV2":
         executor = worker._verify_executor
         _wrap(executor, "accept_and_finalize", mark_after(state, ACCEPT))

@@ -25,7 +25,7 @@ settle them.
 
 from __future__ import annotations
 
-from .wrapping import harvest_first, v2_cycle, wrap
+from .wrapping import harvest_first, v2_cycle, verify_graph_runner, wrap
 
 DRAFT_PREP = "draft_prep"
 DRAFT = "draft"
@@ -73,7 +73,7 @@ def _draft_block(state: dict):
     return make
 
 
-def _target_block(state: dict, runner_of):
+def _target_block(state: dict, worker):
     """For `wrap` on `_run_target_block`: outside a draft block it is the verify (`verify_prep`
     closed as it starts, `verify` as it returns, its graph counted)."""
     def make(orig):
@@ -86,7 +86,7 @@ def _target_block(state: dict, runner_of):
             p.mark(VERIFY)
             used = _graph_used(out)
             if used is not None:
-                p.graph(VERIFY, bool(used), runner_of())
+                p.graph(VERIFY, bool(used), verify_graph_runner(worker.target_worker))
             return out
         return _run_target_block
     return make
@@ -102,11 +102,8 @@ def time_cycles(worker, profiler_of) -> bool:
     def _wrap(name, make):
         wrap(worker, name, make, MARKER)
 
-    def runner_of():
-        return getattr(getattr(worker.target_worker, "model_runner", None), "decode_cuda_graph_runner", None)
-
     _wrap("_run_draft_block", _draft_block(state))
-    _wrap("_run_target_block", _target_block(state, runner_of))
+    _wrap("_run_target_block", _target_block(state, worker))
     _wrap("on_verify_complete_cpu", harvest_first(profiler_of))
     closing = PACK if getattr(worker, "tree_mode", False) else ACCEPT
     steps = getattr(worker, "speculative_num_steps", None)

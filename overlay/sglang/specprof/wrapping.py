@@ -1,7 +1,7 @@
 """Methods of a worker instance wrapped so that its cycle is timed, where no line of a patch calls
-the profiler: the plain profile (plain.py), NGRAM (ngram.py), multi-layer EAGLE (multilayer.py)
-and FROZEN_KV_MTP (frozen_kv.py) all wrap this way, from the scheduler's idle housekeeping
-(`hooks.idle`)."""
+the profiler: the plain profile (plain.py), NGRAM (ngram.py), multi-layer EAGLE (multilayer.py),
+FROZEN_KV_MTP (frozen_kv.py), DFLASH and DSPARK (block_draft.py) and UNO (uno.py) all wrap this
+way, from the scheduler's idle housekeeping (`hooks.idle`)."""
 
 from __future__ import annotations
 
@@ -28,6 +28,12 @@ def wrap(obj, name, make, marker):
     new.__wrapped__ = orig
     setattr(new, marker, True)
     setattr(obj, name, new)
+
+
+def verify_graph_runner(target_worker):
+    """The target's decode graph runner (the verify's graphs), for the profiler's padding count;
+    None where the worker has none."""
+    return getattr(getattr(target_worker, "model_runner", None), "decode_cuda_graph_runner", None)
 
 
 def mark_after(state: dict, name: str):
