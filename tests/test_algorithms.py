@@ -163,8 +163,12 @@ def _serve(p, worker, v2, rounds=6, bs=6):
 
 
 def _commit(p, worker, batch, correct):
-    """The scheduler's result processing (v2): the accepted lengths to the worker, then the commit."""
-    worker.on_verify_complete_cpu(correct, batch_size=len(batch.reqs))
+    """The scheduler's result processing (v2): the accepted lengths to the worker (up to 0.5.11,
+    where no worker takes them, to the series' hook in the scheduler's resolve), then the commit."""
+    if hasattr(worker, "on_verify_complete_cpu"):
+        worker.on_verify_complete_cpu(correct, batch_size=len(batch.reqs))
+    else:
+        p.harvest(correct)
     p.commit_begin(batch.reqs)
     for r, c in zip(batch.reqs, correct):
         if not (r.finished() or r.is_retracted):

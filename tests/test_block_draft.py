@@ -13,10 +13,9 @@ from fakes import FakeBackend
 from conftest import pinned_wheel
 from specprof_build import release
 from test_algorithms import Batch, Req, _accept, _args, _close, _serve
-from test_multilayer import assert_no_and_every_draft_accepted, prefill_phases
+from test_multilayer import assert_no_and_every_draft_accepted, prefill_phases, prefills_of, served_exactly
 
 from sglang.specprof import block_draft, hooks
-from sglang.specprof import server_args as spa
 from sglang.specprof.profiler import Profiler
 from sglang_specprof import report
 
@@ -150,16 +149,47 @@ class DSparkWorkerV2(BlockWorker):
         return self._correct(batch)
 
 
+class DFlashWorker(BlockWorker):
+    """0.5.11 to 0.5.13: the v1 worker (no overlap scheduler), its verify appending each
+    request's tokens (cut at its stop), the committed tokens appended to the draft's KV before
+    the next block's draft and after the verify; no on_verify_complete_cpu (`__getattr__` to the
+    target worker, which has none)."""
+
+    on_verify_complete_cpu = property(lambda self: (_ for _ in ()).throw(AttributeError("on_verify_complete_cpu")))
+
+    def _append_target_hidden_to_draft_kv(self, batch, draft_input):
+        self.b.advance(0.15)
+
+    def forward_batch_generation(self, batch, **kwargs):
+        if batch.forward_mode.is_extend() or getattr(batch, "is_extend_in_batch", False):
+            self.target_worker.forward_batch_generation(batch)
+            self._append_target_hidden_to_draft_kv(batch, "draft_input")
+            return None
+        self.b.advance(0.02)  # _prepare_for_speculative_decoding: what the last verify committed, then
+        self._append_target_hidden_to_draft_kv(batch, "draft_input")
+        self.b.advance(0.03)  # the block's ids, embeddings, positions
+        self.draft_model_runner.forward(batch)
+        self.b.advance(0.03)  # the block sampled, prepare_for_verify
+        self.target_worker.forward_batch_generation(batch, is_verify=True)
+        self.b.advance(0.08)  # verify_input.verify: the accepted prefix appended to each request
+        correct = self._correct(batch)
+        for r, c in zip(batch.reqs, correct):
+            r.take(c + 1)
+        self._append_target_hidden_to_draft_kv(batch, "draft_input")
+        return correct
+
+
 WORKERS = {"DFLASH": DFlashWorkerV2, "DSPARK": DSparkWorkerV2}
 
 
-def _profiled(monkeypatch, algorithm, graph_most=16):
+def _profiled(monkeypatch, algorithm, graph_most=16, shape=None):
     b = FakeBackend()
     out = []
+    worker = (shape or WORKERS[algorithm])(b, _accept, graph_most)
     p = Profiler(b, interval=1000, sink=out.append, clock=b.clock, log_table=False,
-                 config={"algorithm": algorithm, "num_steps": 1, "num_draft_tokens": 8, "topk": 1, "worker": "v2"})
+                 config={"algorithm": algorithm, "num_steps": 1, "num_draft_tokens": 8, "topk": 1,
+                         "worker": block_draft.worker_kind(worker)})
     monkeypatch.setattr(hooks, "P", p)
-    worker = WORKERS[algorithm](b, _accept, graph_most)
     assert block_draft.is_worker(worker)
     assert block_draft.time_cycles(worker, lambda: p)
     assert not block_draft.time_cycles(worker, lambda: p)  # once
@@ -170,13 +200,7 @@ def _profiled(monkeypatch, algorithm, graph_most=16):
 @pytest.mark.parametrize("graph_most", [16, 4], ids=["graphs", "graphs-and-eager"])
 def test_a_block_cycle_is_timed_phase_by_phase_and_commits_what_the_clients_got(monkeypatch, algorithm, graph_most):
     p, b, worker, out = _profiled(monkeypatch, algorithm, graph_most)
-    got = _serve(p, worker, True) + _serve(p, worker, True, rounds=2, bs=3)  # batches of 6, then of 3
-    _close(p, b)
-    s = report.summarize(out)
-    assert sum(bk["accept"]["committed_tokens"] for bk in s["buckets"].values()) == got == p.tokens["committed_tokens"]
-    assert p.uncut_cycles == 0 and p.marks_lost == 0
-    decode = [bk for bk in s["buckets"].values() if bk["cycles"]]
-    assert decode
+    decode = served_exactly(p, b, worker, out, smaller=True)  # batches of 6, then of 3
     for bk in decode:
         ph = bk["phases"]
         assert list(ph) == DECODE
@@ -193,6 +217,42 @@ def test_a_block_cycle_is_timed_phase_by_phase_and_commits_what_the_clients_got(
     assert (eager > 0) == (graph_most < 6)
     assert_no_and_every_draft_accepted(decode)
     assert worker.verified is not None  # upstream's own on_verify_complete_cpu still runs
+
+
+@pytest.mark.parametrize("graph_most", [16, 4], ids=["graphs", "graphs-and-eager"])
+def test_dflash_s_v1_worker_is_timed_alike_and_commits_what_the_clients_got(monkeypatch, graph_most):
+    """0.5.11 to 0.5.13: the v1 worker, no overlap scheduler. The same phases as v2's; the append
+    of what the last verify committed, before the block's draft, stays inside draft_prep; the
+    correct drafts are what each request's output grew by (cut at its stop), less the bonus."""
+    p, b, worker, out = _profiled(monkeypatch, "DFLASH", graph_most, shape=DFlashWorker)
+    assert block_draft.worker_kind(worker) == "v1" and p.config["worker"] == "v1"
+    decode = served_exactly(p, b, worker, out, v2=False, smaller=True)
+    for bk in decode:
+        ph = bk["phases"]
+        assert list(ph) == DECODE
+        assert ph["draft_prep"]["gpu_ms"]["mean"] == pytest.approx(0.2)
+        assert ph["verify_prep"]["gpu_ms"]["mean"] == pytest.approx(0.03)
+        assert ph["accept"]["gpu_ms"]["mean"] == pytest.approx(0.08)
+        assert ph["draft_kv"]["gpu_ms"]["mean"] == pytest.approx(0.15)
+        assert bk["graph"]["replays"].get("verify") == bk["cycles"]
+        assert bk["graph"]["replays"].get("draft", 0) + bk["graph"]["eager"]["draft"] == bk["cycles"]
+    assert_no_and_every_draft_accepted(decode)
+    prefill = prefills_of(out)
+    assert list(prefill) == ["target_extend", "draft_kv"], prefill
+    assert prefill["target_extend"]["mean"] == pytest.approx(6.0) and prefill["draft_kv"]["mean"] == pytest.approx(0.15)
+
+
+def test_idle_installs_a_v1_profile_on_a_v1_dflash_server(monkeypatch):
+    test_plain._fake_cuda(monkeypatch)
+    worker = DFlashWorker(FakeBackend(), _accept, 16)
+    sched = types.SimpleNamespace(server_args=_args("DFLASH"), model_worker=worker, tp_rank=0, waiting_queue=[])
+    hooks.idle(sched)
+    try:
+        p = hooks.P
+        assert type(p) is Profiler and p.config["worker"] == "v1" and not p.settle_on_commit
+        assert worker.forward_batch_generation.specprof_block and worker._append_target_hidden_to_draft_kv.specprof_block
+    finally:
+        hooks.P.close()
 
 
 @pytest.mark.parametrize("algorithm", WORKERS)
@@ -245,12 +305,6 @@ def test_idle_installs_the_profile_and_wraps_the_cycle_once_and_the_report_says_
     assert f"--speculative-{algorithm.lower()}-block-size" in text
 
 
-@pytest.mark.parametrize("version, timed", [("0.5.13.post1", False), ("0.5.14", True), ("0.5.23", True),
-                                            ("0.5.11", False), ("", False)])
-def test_dflash_is_timed_from_0_5_14(version, timed):
-    assert spa.dflash_timed(version) is timed
-
-
 def _classes(z, path):
     return {c.name: c for c in ast.parse(z.read(path)).body if isinstance(c, ast.ClassDef)}
 
@@ -261,17 +315,37 @@ def _methods(c):
 
 @pytest.mark.parametrize("version", release.available())
 def test_each_release_s_block_drafters_are_what_the_wrappers_take(version):
-    """Read from each pinned wheel: DFLASH's v2 worker exists exactly where the startup check takes
-    DFLASH, and DSPARK's from 0.5.16; each has the methods and components block_draft.py wraps,
-    its draft model runner and target verify called as the wrappers expect, and no
-    on_verify_complete_cpu of its own (BaseSpecWorker's: wrapped)."""
+    """Read from each pinned wheel: DFLASH's v1 worker from 0.5.11 to 0.5.13 and its v2 worker
+    from 0.5.14, DSPARK's from 0.5.16; each has the methods and components block_draft.py wraps,
+    its draft model runner and target verify called as the wrappers expect; the v2 workers have
+    no on_verify_complete_cpu of their own (BaseSpecWorker's: wrapped), the v1 worker none at all,
+    and its verify appends each request's tokens (what `wrapping.worker_cycle` counts)."""
     import zipfile
 
     spec = "sglang/srt/speculative/"
+    v = Version(version)
     with zipfile.ZipFile(pinned_wheel(version)) as z:
         names = set(z.namelist())
+        v1 = spec + "dflash_worker.py"
+        assert (v1 in names) == (Version("0.5.11") <= v < Version("0.5.14")), version
+        if v1 in names:
+            worker = _classes(z, v1)["DFlashWorker"]
+            fwd = next(f for f in worker.body if isinstance(f, ast.FunctionDef) and f.name == "forward_batch_generation")
+            calls = [ast.unparse(n.func) for n in ast.walk(fwd) if isinstance(n, ast.Call)]
+            # the cycle: the block drafted in _prepare_for_speculative_decoding, the target's verify,
+            # the acceptance, then the committed tokens appended to the draft's KV (and in a prefill)
+            assert calls.count("self._append_target_hidden_to_draft_kv") == 2, version
+            assert "self._prepare_for_speculative_decoding" in calls and "verify_input.verify" in calls
+            source = z.read(v1).decode()
+            assert "is_verify=True" in source and "self.draft_model_runner.forward(" in source
+            assert "on_verify_complete_cpu" not in source and "BaseSpecWorker" not in source
+            prep = next(f for f in worker.body if isinstance(f, ast.FunctionDef)
+                        and f.name == "_prepare_for_speculative_decoding")
+            prep_calls = [ast.unparse(n.func) for n in ast.walk(prep) if isinstance(n, ast.Call)]
+            assert "self._append_target_hidden_to_draft_kv" in prep_calls and "self.draft_model_runner.forward" in prep_calls
+            assert "req.output_ids.append(" in z.read(spec + "dflash_info.py").decode()
         dflash = spec + "dflash_worker_v2.py"
-        assert (dflash in names) == spa.dflash_timed(version), version
+        assert (dflash in names) == (v >= Version("0.5.14")), version
         if dflash in names:
             worker = _classes(z, dflash)["DFlashWorkerV2"]
             assert {"forward_batch_generation", "_append_target_hidden_to_draft_kv_by_loc"} <= _methods(worker)

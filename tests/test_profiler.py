@@ -1147,21 +1147,24 @@ def test_an_option_that_would_do_nothing_is_refused_in_one_sentence(fields, says
 def test_multi_layer_eagle_that_sglang_turns_on_for_the_model_is_refused_too(declared, refused, monkeypatch):
     """From 0.5.15 SGLang declares multi-layer EAGLE for MiMoV2 and Step3p5 models while the
     arguments resolve, and sets the field only after the profiler's check: the check reads the
-    declarations (the last one wins), so on a release whose multi-layer worker is not timed
-    (before 0.5.16) such a server is refused, not served unprofiled; from 0.5.16 it is taken."""
+    declarations (the last one wins), so where SGLang would run the multi-layer v1 worker (not
+    timed: `server_args.multi_layer_v1`) such a server is refused, not served unprofiled; where
+    it runs the v2 worker it is taken."""
     from sglang.specprof import server_args as spa
 
     args = type("Args", (_Args,), {"speculative_algorithm": "EAGLE", "enable_multi_layer_eagle": False,
                                    "_resolved_overrides": declared})()
-    monkeypatch.setattr(spa, "multi_layer_timed", lambda: False)
+    monkeypatch.setattr(spa, "multi_layer_v1", lambda a: "with the overlap scheduler: drop --disable-overlap-schedule")
+    monkeypatch.setattr(spa, "_installed", lambda: "0.5.12")
     if refused:
         with pytest.raises(spa.SpecProfileArgError) as e:
             spa.validate(args)
-        assert str(e.value) == ("--speculative-profile times --enable-multi-layer-eagle from SGLang 0.5.16 on; "
-                                "profile without it here.")
+        assert str(e.value) == ("--speculative-profile times multi-layer EAGLE's v2 worker, which SGLang 0.5.12 runs "
+                                "here only with the overlap scheduler: drop --disable-overlap-schedule; or profile "
+                                "without the flag.")
     else:
         spa.validate(args)
-    monkeypatch.setattr(spa, "multi_layer_timed", lambda: True)
+    monkeypatch.setattr(spa, "multi_layer_v1", lambda a: None)
     spa.validate(args)
 
 

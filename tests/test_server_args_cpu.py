@@ -130,7 +130,7 @@ CASES = {
     "ngram": ["--speculative-profile", "--speculative-algorithm", "NGRAM"],
     "standalone": ["--speculative-profile", "--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path",
                    "d"],
-    # 0.5.11 on; before, argparse's choices refuse it (the release has no such worker); taken from 0.5.14
+    # 0.5.11 on; before, argparse's choices refuse it (the release has no such worker)
     "dflash": ["--speculative-profile", "--speculative-algorithm", "DFLASH"],
     # 0.5.16 on, taken wherever a release has it
     "dspark": ["--speculative-profile", "--speculative-algorithm", "DSPARK"],
@@ -139,7 +139,7 @@ CASES = {
     # no release has it: argparse's choices refuse it where there are choices, the profile's check elsewhere
     "unknown": ["--speculative-profile", "--speculative-algorithm", "MEDUSA"],
     "multi-layer": ["--speculative-profile", "--speculative-algorithm", "EAGLE3", "--enable-multi-layer-eagle"],
-    # 0.5.12 on (a Gemma 4 assistant's draft); taken from 0.5.14, refused before. No draft path in
+    # 0.5.12 on (a Gemma 4 assistant's draft), taken wherever a release has it. No draft path in
     # these three: from 0.5.12 upstream reads the draft's config before the profile's check runs
     "frozen-kv": ["--speculative-profile", "--speculative-algorithm", "FROZEN_KV_MTP", "--speculative-num-steps", "3",
                   "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"],
@@ -192,7 +192,8 @@ def parsed(site, tmp_path_factory):
         cases.append({"id": name, "cwd": str(cwd),
                       "argv": ["--model-path", "m"] + [a.replace("<cwd>", str(cwd)) for a in argv]})
     proc = subprocess.run([py, "-c", SCRIPT, json.dumps(cases)], capture_output=True, text=True,
-                          env=dict(os.environ, PYTHONPATH=folder), timeout=900)
+                          env={**{k: v for k, v in os.environ.items() if k != "SGLANG_ENABLE_SPEC_V2"},
+                               "PYTHONPATH": folder}, timeout=900)  # upstream's default spec v2 setting
     assert proc.returncode == 0, proc.stderr
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     got["cwd"] = {c["id"]: c["cwd"] for c in cases}
@@ -245,50 +246,44 @@ def test_an_algorithm_the_profile_does_not_know_is_refused_in_one_sentence(parse
         assert case["got"]["algo"] == "UNO" and case["got"]["profile"] is True
 
 
-@pytest.mark.parametrize("name, algo, first, since", [("dflash", "DFLASH", "0.5.11", "0.5.14"),
-                                                      ("dspark", "DSPARK", "0.5.16", "0.5.16")])
-def test_the_block_drafters_are_taken_from_their_v2_worker_on(parsed, name, algo, first, since):
-    """DFLASH up to 0.5.13 runs a v1 worker of its own (its verify commits the tokens): refused
-    there in one sentence; from 0.5.14 (and DSPARK wherever a release has it) its cycle is
-    wrapped (block_draft.py)."""
+@pytest.mark.parametrize("name, algo, first", [("dflash", "DFLASH", "0.5.11"), ("dspark", "DSPARK", "0.5.16")])
+def test_the_block_drafters_are_taken_wherever_a_release_has_them(parsed, name, algo, first):
+    """DFLASH's v1 worker (0.5.11 to 0.5.13) and v2 worker, and DSPARK's: each cycle wrapped
+    (block_draft.py)."""
     case = parsed[name]
     choices = _algorithms(parsed)
     assert choices is None or (algo in choices) == (Version(parsed["version"]) >= Version(first))
     if Version(parsed["version"]) < Version(first):  # upstream's own answer to a name it lacks
         pytest.skip(f"this release has no {algo}")
-    if Version(parsed["version"]) >= Version(since):
-        assert case["rc"] == 0, case["stderr"]
-        assert case["got"]["algo"] == algo and case["got"]["profile"] is True
-    else:
-        _one_sentence(case, f"--speculative-profile times --speculative-algorithm {algo} from SGLang {since} on")
+    assert case["rc"] == 0, case["stderr"]
+    assert case["got"]["algo"] == algo and case["got"]["profile"] is True
 
 
-def test_multi_layer_eagle_is_taken_from_0_5_16_and_refused_before(parsed):
-    """Up to 0.5.15 its worker verifies with code of its own (no hook): the flag accepted there
-    would serve a profile that stays empty. From 0.5.16 its cycle is wrapped (multilayer.py)."""
+def test_multi_layer_eagle_is_taken_where_sglang_runs_its_v2_worker(parsed):
+    """Its v2 worker's cycle is wrapped in every release (multilayer.py); up to 0.5.10 SGLang runs
+    the v1 worker (no hook) unless SGLANG_ENABLE_SPEC_V2 is set (this case does not set it, as
+    SGLang does for MiMoV2 and Step3p5 models): refused there in one sentence that says so; from
+    0.5.11 the v2 worker is the default, taken."""
     if not re.search(r"^\s+--enable-multi-layer-eagle(?![-\w])", parsed["help"], re.M):
         assert parsed["multi-layer"]["rc"] == 2  # upstream's parser: no such option
         pytest.skip("this release has no --enable-multi-layer-eagle")
-    if Version(parsed["version"]) >= Version("0.5.16"):
+    if Version(parsed["version"]) >= Version("0.5.11"):
         case = parsed["multi-layer"]
         assert case["rc"] == 0, case["stderr"]
         assert case["got"]["algo"] == "EAGLE3" and case["got"]["profile"] is True
     else:
-        _one_sentence(parsed["multi-layer"], "--speculative-profile times --enable-multi-layer-eagle from SGLang "
-                                             "0.5.16 on")
+        _one_sentence(parsed["multi-layer"], "--speculative-profile times multi-layer EAGLE's v2 worker, which SGLang "
+                                             f"{parsed['version']} runs here only with SGLANG_ENABLE_SPEC_V2=1")
 
 
-def test_frozen_kv_mtp_is_taken_from_0_5_14_and_refused_before(parsed):
-    """Up to 0.5.13 FROZEN_KV_MTP runs a v1 worker of its own (its verify carries no hook); from
-    0.5.14 its v2 worker verifies as EAGLE v2 does and its cycle is wrapped (frozen_kv.py)."""
+def test_frozen_kv_mtp_is_taken_wherever_a_release_has_it(parsed):
+    """Its v1 worker (0.5.12, 0.5.13) and its v2 worker (0.5.14 on): each cycle wrapped (frozen_kv.py)."""
     case = parsed["frozen-kv"]
     if case["rc"] == 2 and "invalid choice" in case["stderr"]:  # argparse's choices: no such algorithm
+        assert Version(parsed["version"]) < Version("0.5.12")
         pytest.skip("this release has no FROZEN_KV_MTP")
-    if Version(parsed["version"]) >= Version("0.5.14"):
-        assert case["rc"] == 0, case["stderr"]
-        assert case["got"]["algo"] == "FROZEN_KV_MTP" and case["got"]["profile"] is True
-    else:
-        _one_sentence(case, "--speculative-profile times --speculative-algorithm FROZEN_KV_MTP from SGLang 0.5.14 on")
+    assert case["rc"] == 0, case["stderr"]
+    assert case["got"]["algo"] == "FROZEN_KV_MTP" and case["got"]["profile"] is True
 
 
 @pytest.mark.parametrize("name, says", [

@@ -1,5 +1,5 @@
-"""--speculative-profile on the block drafters: DFLASH (0.5.14 and later) and DSPARK (every
-release that has it, 0.5.16 on).
+"""--speculative-profile on the block drafters: DFLASH and DSPARK, every release that has them
+(DFLASH 0.5.11 on, DSPARK 0.5.16 on).
 
 Both draft a whole block of tokens in one forward of their draft model, over the target's hidden
 states written into the draft's KV cache, and verify the block with one target forward; neither
@@ -25,14 +25,18 @@ The scheduler's idle housekeeping installs the profiler and wraps these methods 
 (the worker, its draft model runner, its target worker; DSPARK's verify executor and KV
 injector), with no patch line. Acceptance: the scheduler hands the correct drafts to
 `on_verify_complete_cpu` (BaseSpecWorker's, which does nothing here; wrapped) and commits the
-tokens where the series' commit hooks settle them. DFLASH up to 0.5.13 is a v1 worker of its own
-(its verify commits the tokens itself): the startup check refuses the flag there
-(`server_args.DFLASH_FROM`).
+tokens where the series' commit hooks settle them.
+
+DFLASH up to 0.5.13 is `DFlashWorker`, a v1 worker of its own (no overlap scheduler): the same
+phases, from its draft model runner's `forward`, the target's verify forward and
+`_append_target_hidden_to_draft_kv` (counted as accept / draft_kv after the cycle's verify only:
+the append of the last verify's tokens before the block's draft stays in draft_prep); its verify
+appends each request's tokens, whose growth is the correct drafts (`wrapping.worker_cycle`).
 """
 
 from __future__ import annotations
 
-from .wrapping import harvest_first, mark_after, v2_cycle, verify_graph_runner, wrap
+from .wrapping import harvest_first, mark_after, target_forward, worker_cycle, wrap
 
 DRAFT_PREP = "draft_prep"
 DRAFT = "draft"
@@ -42,12 +46,18 @@ ACCEPT = "accept"
 DRAFT_KV = "draft_kv"
 TARGET = "target_extend"
 MARKER = "specprof_block"
-WORKERS = ("DFlashWorkerV2", "DSparkWorkerV2")
+V1 = "DFlashWorker"  # DFLASH 0.5.11 to 0.5.13: a v1 worker of its own
+WORKERS = ("DFlashWorkerV2", "DSparkWorkerV2", V1)
 
 
 def is_worker(worker) -> bool:
-    """A DFLASH or DSPARK v2 worker (by its class, whatever module holds it)."""
+    """A DFLASH or DSPARK worker (by its class, whatever module holds it)."""
     return type(worker).__name__ in WORKERS
+
+
+def worker_kind(worker) -> str:
+    """"v1" for DFLASH's v1 worker (its verify commits the tokens), else "v2"."""
+    return "v1" if type(worker).__name__ == V1 else "v2"
 
 
 def _draft_forward(state: dict):
@@ -70,40 +80,18 @@ def _draft_forward(state: dict):
     return make
 
 
-def _target_forward(state: dict, target):
-    """For `wrap` on the target worker's `forward_batch_generation`: in a decode cycle the verify
-    (`is_verify=True`: `verify_prep` closed as it starts, `verify` as it returns, its graph
-    counted), in a prefill the target's extend (`target_extend` closed as it returns)."""
-    def make(orig):
-        def forward_batch_generation(*args, **kwargs):
-            p = state["p"]
-            if p is None:
-                return orig(*args, **kwargs)
-            verify = state["decode"] and kwargs.get("is_verify", False)
-            if verify:
-                p.mark(VERIFY_PREP)
-            out = orig(*args, **kwargs)
-            if verify:
-                p.mark(VERIFY)
-                used = getattr(out, "can_run_cuda_graph", None)
-                if used is not None:
-                    p.graph(VERIFY, bool(used), verify_graph_runner(target))
-            elif not state["decode"] and not kwargs.get("is_verify", False):
-                p.mark(TARGET)
-            return out
-        return forward_batch_generation
-    return make
-
-
-def _kv_step(state: dict, accept_before: bool = False, in_decode: bool = True):
+def _kv_step(state: dict, accept_before: bool = False, in_decode: bool = True, after_verify: bool = False):
     """For `wrap` on a step that writes the target's hidden states into the draft's KV: `draft_kv`
     closed as it returns, in a prefill and (`in_decode`) a decode cycle; in a decode cycle
-    `accept` closed as it starts (`accept_before`: where no wrapper of the acceptance did)."""
+    `accept` closed as it starts (`accept_before`: where no wrapper of the acceptance did), and
+    (`after_verify`) only once the cycle's verify returned."""
     def make(orig):
         def method(*args, **kwargs):
             p = state["p"]
-            if p is not None and state["decode"] and not in_decode:
-                p = None  # DSPARK's injector inside commit_hidden, which marks it
+            if p is not None and state["decode"] and (not in_decode or after_verify and not state["verified"]):
+                # DSPARK's injector inside commit_hidden, which marks it; DFLASH v1's append of
+                # the last cycle's tokens before the block's draft (part of draft_prep)
+                p = None
             if p is not None and state["decode"] and accept_before:
                 p.mark(ACCEPT)
             out = orig(*args, **kwargs)
@@ -126,8 +114,15 @@ def time_cycles(worker, profiler_of) -> bool:
     def _wrap(obj, name, make):
         wrap(obj, name, make, MARKER)
 
+    if worker_kind(worker) == "v1":  # the same phases; the tokens committed inside its verify
+        _wrap(worker.draft_model_runner, "forward", _draft_forward(state))
+        _wrap(target, "forward_batch_generation", target_forward(state, target, TARGET))
+        _wrap(worker, "_append_target_hidden_to_draft_kv", _kv_step(state, accept_before=True, after_verify=True))
+        _wrap(worker, "forward_batch_generation", worker_cycle(profiler_of, state, None, v1=True))  # last
+        return True
+
     _wrap(worker.draft_model_runner, "forward", _draft_forward(state))
-    _wrap(target, "forward_batch_generation", _target_forward(state, target))
+    _wrap(target, "forward_batch_generation", target_forward(state, target, TARGET))
     if type(worker).__name__ == "DSparkWorkerV2":
         executor = worker._verify_executor
         _wrap(executor, "accept_and_finalize", mark_after(state, ACCEPT))
@@ -141,5 +136,5 @@ def time_cycles(worker, profiler_of) -> bool:
     _wrap(worker, "on_verify_complete_cpu", harvest_first(profiler_of))
     steps = getattr(worker, "speculative_num_steps", None)
     closing = (lambda: None if state["kv"] else ACCEPT, None)  # a decode whose acceptance and KV a graph held
-    _wrap(worker, "forward_batch_generation", v2_cycle(profiler_of, state, steps, closing))  # last: the rest in place
+    _wrap(worker, "forward_batch_generation", worker_cycle(profiler_of, state, steps, closing))  # last: the rest in place
     return True

@@ -232,7 +232,8 @@ def install(server_args, tp_rank: int | None = 0, worker: str = "v2") -> None:
         P = NullProfiler()
 
 
-# v2 workers whose constructor carries no install hook: their cycle is wrapped from `idle`
+# workers whose constructor carries no install hook: their cycle is wrapped from `idle` (v2, and the v1
+# workers of DFLASH and FROZEN_KV_MTP, each module's `worker_kind`)
 WRAPPED_V2 = (("multi-layer", multilayer), ("frozen-KV MTP", frozen_kv), ("DFLASH / DSPARK", block_draft),
               ("UNO", uno))
 
@@ -272,13 +273,18 @@ def _attach(scheduler) -> None:
             else:  # nor have multi-layer EAGLE's, FROZEN_KV_MTP's, DFLASH's, DSPARK's and UNO's (WRAPPED_V2)
                 for name, module in WRAPPED_V2:
                     if module.is_worker(worker):
-                        install(args, rank, "v2")
+                        install(args, rank, getattr(module, "worker_kind", lambda w: "v2")(worker))
                         if P.enabled:
                             try:
                                 module.time_cycles(worker, lambda: P)
                             except Exception as e:  # a worker not shaped as the releases read: serve unprofiled
                                 disable(f"the {name} worker's cycle could not be wrapped: {type(e).__name__}: {e}")
                         break
+                else:
+                    if type(worker).__name__ == "MultiLayerEagleWorker":  # a topk SGLang chose for the model
+                        _state["warned"] = True
+                        logger.warning("speculative profile off: SGLang runs multi-layer EAGLE's v1 worker here (the "
+                                       "overlap scheduler off), which it does not time; the server keeps serving.")
         for p in (P, _state["paused"]):
             if p is not None and p.enabled:
                 _own(p).scheduler = scheduler

@@ -17,8 +17,8 @@ from .jsonl import rank_path
 # NEXTN is SGLang's name for EAGLE on MTP layers: 0.5.8 checks the flag before it renames it.
 # STANDALONE's worker is the EAGLE worker with a draft model of its own; NGRAM's,
 # FROZEN_KV_MTP's, DFLASH's, DSPARK's and UNO's cycles are wrapped from the overlay (ngram.py,
-# frozen_kv.py, block_draft.py, uno.py), FROZEN_KV_MTP's from FROZEN_KV_FROM on and DFLASH's
-# from DFLASH_FROM on (SINCE): every algorithm the releases ship.
+# frozen_kv.py, block_draft.py, uno.py), their v1 workers too: every algorithm the releases ship,
+# in every release that has it (multi-layer EAGLE's v1 worker aside: `multi_layer_v1`).
 PROFILED_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM", "FROZEN_KV_MTP", "DFLASH", "DSPARK",
                        "UNO")
 INTERVAL = 100  # decode cycles a window by default
@@ -123,22 +123,18 @@ def validate(args) -> None:
     algo = args.speculative_algorithm
     # without speculation each forward is timed whole (plain.py): the baseline a step-0 cycle
     # is compared with
-    if multi_layer_eagle(args) and not multi_layer_timed():
-        # up to 0.5.15 its worker verifies with code of its own (no hook inside): served, the
-        # profile would stay empty
-        raise SpecProfileArgError("--speculative-profile times --enable-multi-layer-eagle from SGLang "
-                                  f"{'.'.join(map(str, MULTI_LAYER_FROM))} on; profile without it here.")
+    if multi_layer_eagle(args):
+        # its v2 worker is wrapped (multilayer.py); the v1 worker SGLang runs instead up to 0.5.12
+        # where the overlap scheduler is off has no hook: served, the profile would stay empty
+        fix = multi_layer_v1(args)
+        if fix is not None:
+            raise SpecProfileArgError(f"--speculative-profile times multi-layer EAGLE's v2 worker, which SGLang "
+                                      f"{_installed()} runs here only {fix}; or profile without the flag.")
     if algo is not None and str(algo).upper() not in PROFILED_ALGORITHMS:
         raise SpecProfileArgError(
             f"--speculative-profile times the EAGLE, EAGLE3, STANDALONE, NGRAM, FROZEN_KV_MTP, DFLASH, DSPARK and "
             f"UNO workers only, not --speculative-algorithm {algo}."
         )
-    since = SINCE.get(str(algo).upper())
-    if since is not None and not _sglang_from(since, None):
-        # before, its worker is a v1 worker of its own (FROZEN_KV_MTP's verify carries no hook,
-        # DFLASH's commits the tokens itself)
-        raise SpecProfileArgError(f"--speculative-profile times --speculative-algorithm {str(algo).upper()} from "
-                                  f"SGLang {'.'.join(map(str, since))} on; profile without it here.")
     if getattr(args, "speculative_adaptive", False) and not hasattr(args, ADAPTIVE_FIELD):
         # upstream switches the step count batch by batch: without each cycle's step count a
         # bucket would mix them, and the advisor would read the mix as one setting
@@ -159,10 +155,8 @@ def validate(args) -> None:
             _check_file(path, "--speculative-profile-output ")
 
 
-MULTI_LAYER_FROM = (0, 5, 16)  # the multi-layer worker verifies through run_eagle_verify (multilayer.py)
-FROZEN_KV_FROM = (0, 5, 14)  # FROZEN_KV_MTP's v2 worker, whose verify is EAGLE v2's (frozen_kv.py)
-DFLASH_FROM = (0, 5, 14)  # DFLASH's v2 worker (block_draft.py)
-SINCE = {"FROZEN_KV_MTP": FROZEN_KV_FROM, "DFLASH": DFLASH_FROM}  # algorithms timed from a release on
+MULTI_LAYER_V2_ONLY = (0, 5, 13)  # from here SGLang runs multi-layer EAGLE's v2 worker whatever the settings
+SPEC_V2_DEFAULT = (0, 5, 11)  # from here SGLANG_ENABLE_SPEC_V2 is on unless set off
 
 
 def _sglang_from(bound: tuple, version: str | None) -> bool:
@@ -176,19 +170,44 @@ def _sglang_from(bound: tuple, version: str | None) -> bool:
     return bool(m) and tuple(map(int, m.groups())) >= bound
 
 
-def multi_layer_timed(version: str | None = None) -> bool:
-    """Whether this SGLang's multi-layer EAGLE worker can be timed (MULTI_LAYER_FROM on)."""
-    return _sglang_from(MULTI_LAYER_FROM, version)
+def _installed() -> str:
+    try:
+        from sglang.version import __version__ as version
+    except Exception:
+        return "(unknown)"
+    return str(version).split("+", 1)[0]
 
 
-def frozen_kv_timed(version: str | None = None) -> bool:
-    """Whether this SGLang's FROZEN_KV_MTP worker can be timed (FROZEN_KV_FROM on)."""
-    return _sglang_from(FROZEN_KV_FROM, version)
+def _spec_v2_env() -> bool | None:
+    """SGLANG_ENABLE_SPEC_V2 as upstream reads it (SGLang sets it itself for MiMoV2 and Step3p5
+    models before this check runs), None where unset."""
+    value = os.environ.get("SGLANG_ENABLE_SPEC_V2")
+    if value is None:
+        return None
+    return value.strip().lower() in ("true", "1", "yes", "y")
 
 
-def dflash_timed(version: str | None = None) -> bool:
-    """Whether this SGLang's DFLASH worker can be timed (DFLASH_FROM on)."""
-    return _sglang_from(DFLASH_FROM, version)
+def multi_layer_v1(args, version: str | None = None) -> str | None:
+    """Where SGLang `version` (None: the installed one) would run multi-layer EAGLE's v1 worker
+    (`MultiLayerEagleWorker`, which the profiler does not time) with these arguments, the words
+    that say how to get the v2 worker (`MultiLayerEagleWorkerV2`, multilayer.py); else None.
+    Upstream chooses the v1 worker where the overlap scheduler is off: up to 0.5.10 unless
+    SGLANG_ENABLE_SPEC_V2 is on (off by default), in 0.5.11 and 0.5.12 where it is set off, with
+    --disable-overlap-schedule or with topk > 1; from 0.5.13 never. (A topk that SGLang chooses
+    for the model later, above 1, is seen when the worker starts: `hooks.idle` says so.)"""
+    if _sglang_from(MULTI_LAYER_V2_ONLY, version):
+        return None
+    env = _spec_v2_env()
+    if not _sglang_from(SPEC_V2_DEFAULT, version):
+        return None if env else "with SGLANG_ENABLE_SPEC_V2=1 (SGLang sets it for MiMoV2 and Step3p5 models): set it"
+    if env is False:
+        return "with SGLANG_ENABLE_SPEC_V2 on: unset it"
+    if getattr(args, "disable_overlap_schedule", False):
+        return "with the overlap scheduler: drop --disable-overlap-schedule"
+    topk = getattr(args, "speculative_eagle_topk", None)
+    if isinstance(topk, int) and not isinstance(topk, bool) and topk > 1:
+        return "at topk 1: set --speculative-eagle-topk 1"
+    return None
 
 
 def multi_layer_eagle(args) -> bool:

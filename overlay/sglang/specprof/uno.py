@@ -25,7 +25,7 @@ settle them.
 
 from __future__ import annotations
 
-from .wrapping import harvest_first, v2_cycle, verify_graph_runner, wrap
+from .wrapping import harvest_first, worker_cycle, verify_graph_runner, wrap
 
 DRAFT_PREP = "draft_prep"
 DRAFT = "draft"
@@ -107,5 +107,5 @@ def time_cycles(worker, profiler_of) -> bool:
     _wrap("on_verify_complete_cpu", harvest_first(profiler_of))
     closing = PACK if getattr(worker, "tree_mode", False) else ACCEPT
     steps = getattr(worker, "speculative_num_steps", None)
-    _wrap("forward_batch_generation", v2_cycle(profiler_of, state, steps, (closing, TARGET)))  # last
+    _wrap("forward_batch_generation", worker_cycle(profiler_of, state, steps, (closing, TARGET)))  # last
     return True

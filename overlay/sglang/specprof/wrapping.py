@@ -36,6 +36,33 @@ def verify_graph_runner(target_worker):
     return getattr(getattr(target_worker, "model_runner", None), "decode_cuda_graph_runner", None)
 
 
+def target_forward(state: dict, target, prefill_mark: str | None = None):
+    """For `wrap` on the target worker's `forward_batch_generation`, where a worker verifies with
+    code of its own (no hook of the series inside): in a decode cycle the verify (`is_verify=True`:
+    `verify_prep` closed as it starts, `verify` as it returns, its graph counted), in a prefill
+    the target's extend (`prefill_mark` closed as it returns, where given)."""
+    def make(orig):
+        def forward_batch_generation(*args, **kwargs):
+            p = state["p"]
+            if p is None:
+                return orig(*args, **kwargs)
+            verify = state["decode"] and kwargs.get("is_verify", False)
+            if verify:
+                p.mark("verify_prep")
+            out = orig(*args, **kwargs)
+            if verify:
+                p.mark("verify")
+                state["verified"] = True  # what follows in the cycle comes after its verify
+                used = getattr(out, "can_run_cuda_graph", None)
+                if used is not None:
+                    p.graph("verify", bool(used), verify_graph_runner(target))
+            elif prefill_mark is not None and not state["decode"] and not kwargs.get("is_verify", False):
+                p.mark(prefill_mark)
+            return out
+        return forward_batch_generation
+    return make
+
+
 def mark_after(state: dict, name: str):
     """For `wrap`: the method, then `name` marked on the decode cycle in flight (`state["p"]`,
     the profiler a wrapped cycle set, None outside one; `state["decode"]`, whether it decodes)."""
@@ -61,14 +88,21 @@ def harvest_first(profiler_of):
     return make
 
 
-def v2_cycle(profiler_of, state: dict, steps, last: tuple = (None, None)):
-    """For `wrap` on a v2 worker's `forward_batch_generation` (multi-layer EAGLE, FROZEN_KV_MTP,
+def worker_cycle(profiler_of, state: dict, steps, last: tuple = (None, None), v1: bool = False):
+    """For `wrap` on a worker's `forward_batch_generation` (multi-layer EAGLE, FROZEN_KV_MTP,
     DFLASH, DSPARK, UNO): each decode and prefill a cycle of the profiler `profiler_of()` gives at
     its start (the hooks' `P`, which a pause or an internal error replaces), `steps` passed with a
     decode's begin; `state` holds the profiler and kind of the cycle in flight for the marks'
-    wrappers. `last`: the marks (decode, prefill) that close a cycle where no wrapped call ends
-    it, or None, or a function giving one of those as the cycle ends. A decode batch with an
-    extend in it (`is_extend_in_batch`) is timed as the prefill upstream runs for it."""
+    wrappers ("verified": set where a decode's verify returned). `last`: the marks (decode,
+    prefill) that close a cycle where no wrapped call ends it, or None, or a function giving one of
+    those as the cycle ends. A decode batch with an extend in it (`is_extend_in_batch`) is timed
+    as the prefill upstream runs for it.
+
+    `v1`: a v1 worker (no overlap scheduler; its verify appends each request's tokens, cut at its
+    stop: DFLASH up to 0.5.13, FROZEN_KV_MTP in 0.5.12 and 0.5.13): the correct drafts each
+    request took are what its output grew by, less the bonus token, handed to the profiler as the
+    cycle ends (the scheduler commits nothing more). A v2 worker's come through
+    `on_verify_complete_cpu` or the scheduler's resolve."""
     def make(orig):
         def forward_batch_generation(batch, *args, **kwargs):
             p = profiler_of()
@@ -76,16 +110,17 @@ def v2_cycle(profiler_of, state: dict, steps, last: tuple = (None, None)):
             if decode is None:
                 return orig(batch, *args, **kwargs)
             try:
-                bs = len(batch.reqs)
+                reqs = batch.reqs
                 if decode and getattr(batch, "is_extend_in_batch", False):
                     decode = False
+                before = [len(r.output_ids) for r in reqs] if v1 and decode else None
             except Exception:  # never take the server down: the cycle goes untimed
                 return orig(batch, *args, **kwargs)
             if decode:
-                p.begin("decode", bs, batch, steps)
+                p.begin("decode", len(reqs), batch, steps)
             else:
-                p.begin("prefill", bs)
-            state["p"], state["decode"] = p, decode
+                p.begin("prefill", len(reqs))
+            state["p"], state["decode"], state["verified"] = p, decode, False
             try:
                 out = orig(batch, *args, **kwargs)
             finally:
@@ -96,6 +131,8 @@ def v2_cycle(profiler_of, state: dict, steps, last: tuple = (None, None)):
             if closing is not None:
                 p.mark(closing)
             p.end()
+            if before is not None:
+                p.harvest([len(r.output_ids) - b - 1 for r, b in zip(reqs, before)])
             return out
         return forward_batch_generation
     return make
