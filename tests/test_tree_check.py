@@ -63,17 +63,21 @@ def test_chains_from_a_chain_profile_on_a_host_bound_server_within_7_percent_and
 
 def test_chains_and_a_smaller_tree_from_a_v1_topk_2_profile_stay_inside_their_ranges(rejudged):
     """0.5.12 v1, profiled at topk 2, 3 steps, 6 draft tokens: the chains' cycles drop its tree-only
-    phase (free_kv) and range over the width-bound work from flat to their share. Simulated
-    acceptance takes no account of the tree's shape, so every chain accepts what the tree did: the
-    measured ratios lie at the high ends (the chains 13-29% faster than the tree), inside them,
-    and the advisor keeps the tree rather than advise what its low ends do not support."""
+    phase (free_kv), range over the width-bound work from flat to their share, and over the
+    host's side from the tree's pace to none beyond the GPU's (topk 1 runs less host code). Every
+    chain's cycle relative to the tree's is within 15% of what its own server measured (before the
+    host's side was ranged: up to 23.5% long at 16 requests). Simulated acceptance takes no account
+    of the tree's shape, so every chain accepts what the tree did, above the central figure, which
+    takes a chain to keep part of what the tree's other branches accepted; the advisor keeps the
+    tree rather than advise what its low ends do not support."""
     for c, v in _check(rejudged["0.5.12"], "2:3:6")["concurrency"].items():
         assert v["ranges_hold"], (c, [(e["setting"], e.get("measured_ratio"), e.get("predicted_ratio"))
                                       for e in v["settings"]])
         assert v["advised"] == "2:3:6"
         for e in v["settings"]:
-            if not e["profiled"]:
-                assert e["measured_ratio"] >= e["predicted_ratio"][1], e  # the simulation's acceptance: the high end
+            if e["topk"] == 1:
+                assert abs(e["cycle_error"]) <= 0.15, (c, e["setting"], e["cycle_error"])
+                assert e["expected_tokens_error"] < 0, e  # the simulation's acceptance: above the central
 
 
 def test_a_topk_4_profile_says_what_it_cannot_predict_and_prices_a_pruned_tree(rejudged):
