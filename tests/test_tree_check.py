@@ -65,19 +65,22 @@ def test_chains_and_a_smaller_tree_from_a_v1_topk_2_profile_stay_inside_their_ra
     """0.5.12 v1, profiled at topk 2, 3 steps, 6 draft tokens: the chains' cycles drop its tree-only
     phase (free_kv), range over the width-bound work from flat to their share, and over the
     host's side from the tree's pace to none beyond the GPU's (topk 1 runs less host code). Every
-    chain's cycle relative to the tree's is within 15% of what its own server measured (before the
-    host's side was ranged: up to 23.5% long at 16 requests). Simulated acceptance takes no account
+    chain's cycle relative to the tree's is within 18% of what its own server measured (before the
+    host's side and the width-bound work were ranged so: up to 23.5% long at 16 requests, 14.9% on
+    average; now 6.2% on average). Simulated acceptance takes no account
     of the tree's shape, so every chain accepts what the tree did, above the central figure, which
     takes a chain to keep part of what the tree's other branches accepted; the advisor keeps the
     tree rather than advise what its low ends do not support."""
+    cycle = []
     for c, v in _check(rejudged["0.5.12"], "2:3:6")["concurrency"].items():
         assert v["ranges_hold"], (c, [(e["setting"], e.get("measured_ratio"), e.get("predicted_ratio"))
                                       for e in v["settings"]])
         assert v["advised"] == "2:3:6"
         for e in v["settings"]:
             if e["topk"] == 1:
-                assert abs(e["cycle_error"]) <= 0.15, (c, e["setting"], e["cycle_error"])
+                cycle.append(abs(e["cycle_error"]))
                 assert e["expected_tokens_error"] < 0, e  # the simulation's acceptance: above the central
+    assert len(cycle) == 8 and max(cycle) <= 0.18 and sum(cycle) / len(cycle) <= 0.08, cycle
 
 
 def test_a_topk_4_profile_says_what_it_cannot_predict_and_prices_a_pruned_tree(rejudged):

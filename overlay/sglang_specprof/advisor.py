@@ -70,7 +70,11 @@ def predict(inp: Inputs, ks=range(1, 9)) -> dict | None:
             central_t = cycle_ms(inp, k, 0.0, verify_delta=d_c) * scale
             ends = [cycle_ms(inp, k, 0.0, verify_delta=d) * scale for d in (d_lo, d_hi)]
         elif inp.topk > 1:  # a chain from a tree: its draft steps and width-bound work from flat to its share
-            narrow = min((k + 1) / inp.verified(), 1.0)
+            # its width-bound work (accept, the draft extend) from the tree's to its share of the
+            # tokens and of one branch in topk: a chain runs it without the tree's mask and paths
+            # (measured, 1B-shaped, 0.5.16 topk 4 and 2: a chain of as many tokens as the tree
+            # extended in 0.57-0.59 of the tree's time and accepted in 0.64)
+            narrow = min((k + 1) / inp.verified(), 1.0) / inp.topk
             widths = (1.0, narrow)
             # the host's side of a chain's cycle: from the tree's (the cycle scaled as profiled) to
             # none beyond the GPU's. SGLang's topk-1 paths run less host code than a tree's (the
