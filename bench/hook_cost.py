@@ -14,7 +14,7 @@ the v2 scheduler waits there for the GPU, so the reader's work can fall there. `
 spreads the cycles over that many batch-size buckets (a window close costs more with more).
 
     python bench/hook_cost.py [--cycles 5000] [--reps 7] [--cpu] [--threaded --wait-us 2000 [--wait-kind cuda]]
-                              [--phases-every K] [--ctx tensor] [--against DIR]
+                              [--phases-every K] [--ctx tensor] [--against DIR] [--cprofile PATH]
 
 `--against DIR` (a folder holding another tree's `sglang/specprof`, e.g. from `git archive`)
 times that tree's profiler in the same process, interleaved with this one's rep by rep in
@@ -383,6 +383,8 @@ def main():
     ap.add_argument("--pollute-kb", type=int, default=0, metavar="KB",
                     help="before each cycle (untimed), read KB of other Python objects and write as much memory: "
                     "the hooks then find their own data out of the caches, as in a server")
+    ap.add_argument("--cprofile", metavar="PATH", help="then one more run of the profiler under cProfile: where its "
+                    "host time goes, by function (tottime, cumulative), written to PATH")
     ap.add_argument("--cpu", action="store_true",
                     help="no GPU: events that cost nothing, so only the profiler's Python is timed")
     a = ap.parse_args()
@@ -495,6 +497,23 @@ def main():
     # of the mean, what came before the GPU wait (begin, marks, end) and after (harvest, commit)
     out["before_wait_us"] = {k: round(statistics.median(v), 2) for k, v in before.items()}
     out["runs_us"] = {k: [round(x, 2) for x in v] for k, v in res.items()}
+    if a.cprofile:  # after the timed reps, one more run of `on` under cProfile (its times inflated, their shares not)
+        import cProfile
+        import io
+        import pstats
+
+        prof = cProfile.Profile()
+        prof.enable()
+        run(on, a.cycles, sync, **kw)
+        prof.disable()
+        on.flush()
+        buf = io.StringIO()
+        stats = pstats.Stats(prof, stream=buf).strip_dirs()
+        stats.sort_stats("tottime").print_stats(40)
+        stats.sort_stats("cumulative").print_stats(30)
+        with open(a.cprofile, "w") as f:
+            f.write(buf.getvalue())
+        out["cprofile"] = a.cprofile
     out.update(device=device or "cpu", events=getattr(backend, "kind", "none"), threaded=mode, wait_us=a.wait_us,
                wait_kind=a.wait_kind, buckets=a.buckets, bs=a.bs, phases_every=a.phases_every, ctx=ctx, ops=a.ops,
                pollute_kb=a.pollute_kb)
