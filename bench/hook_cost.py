@@ -19,6 +19,9 @@ spreads the cycles over that many batch-size buckets (a window close costs more 
 `--against DIR` (a folder holding another tree's `sglang/specprof`, e.g. from `git archive`)
 times that tree's profiler in the same process, interleaved with this one's rep by rep in
 alternating order: the same host, caches and clocks for both, and a paired difference per rep.
+Only the hooks' package is the other tree's: the analysis package `sglang_specprof` (the windows
+and buckets the cycles are folded into) is this tree's for both, so a change there is timed by
+running each tree in a process of its own (`PYTHONPATH=TREE/overlay`), alternating.
 `--against-gil` does the same with this tree's profiler on records that hold the GIL.
 """
 import argparse
@@ -262,10 +265,10 @@ def run(p, cycles, sync, bs=8, buckets=1, wait_s=0.0, ctx=None, wait=gpu_wait, l
     synchronises at each cycle's start; bench/host_sensitivity.py). `pollute`: called, untimed,
     before each cycle's `begin` (`polluter`)."""
     gpu = getattr(wait, "launch", None)
-    reqs = {n: [Req() for _ in range(n)] for n in BUCKET_BS}
-    hooks = {n: hook_calls(p, n) for n in BUCKET_BS}
-    lens = {n: 8000 if ctx is None else ctx(n) for n in BUCKET_BS}
     sizes = [bs] if buckets <= 1 else BUCKET_BS[:buckets]
+    reqs = {n: [Req() for _ in range(n)] for n in sizes}
+    hooks = {n: hook_calls(p, n) for n in sizes}
+    lens = {n: 8000 if ctx is None else ctx(n) for n in sizes}
     clock = time.perf_counter
     out = []
     sync()

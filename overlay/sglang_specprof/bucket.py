@@ -4,6 +4,8 @@ bounded series (`series.py`), and its summary. Plain Python; runs on the schedul
 
 from __future__ import annotations
 
+from operator import sub
+
 from .series import Series, per_position, percentile, rounded as _r
 
 
@@ -130,6 +132,28 @@ class Bucket:
         self.accept_cycles += 1
         self.skipped_reqs += skipped
         hist, dh = self.accept_hist, self.drafts_hist
+        n_req = len(correct_per_req)
+        # Most cycles: no request cut, each took its drafts and the same number beside them (1; UNO
+        # 2): counted by value, not by request. This runs for every cycle at the hand-overs, on
+        # the scheduler's thread: at 48 requests 5.3 us instead of 10.8 (the 2-core CPU), at 8 the same
+        beside = {1} if committed is None else set(map(sub, committed, correct_per_req))
+        if n_req and len(beside) == 1 and min(correct_per_req) >= 0:
+            d = beside.pop()
+            if d >= 1:
+                top = int(max(correct_per_req))
+                if len(dh) <= top:
+                    dh.extend([0] * (top + 1 - len(dh)))
+                if len(hist) <= top + d:
+                    hist.extend([0] * (top + d + 1 - len(hist)))
+                count = correct_per_req.count  # one pass in C for each value, not a Python step for each request
+                for c in range(top + 1):
+                    k = count(c)
+                    if k:
+                        dh[c] += k
+                        hist[c + d] += k
+                self.committed += int(sum(correct_per_req)) + d * n_req
+                self.verified_reqs += n_req
+                return
         for i, c in enumerate(correct_per_req):
             c = int(c) if c > 0 else 0
             if len(dh) <= c:
