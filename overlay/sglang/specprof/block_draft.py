@@ -114,15 +114,12 @@ def time_cycles(worker, profiler_of) -> bool:
     def _wrap(obj, name, make):
         wrap(obj, name, make, MARKER)
 
+    _wrap(worker.draft_model_runner, "forward", _draft_forward(state))
+    _wrap(target, "forward_batch_generation", target_forward(state, target, TARGET))
     if worker_kind(worker) == "v1":  # the same phases; the tokens committed inside its verify
-        _wrap(worker.draft_model_runner, "forward", _draft_forward(state))
-        _wrap(target, "forward_batch_generation", target_forward(state, target, TARGET))
         _wrap(worker, "_append_target_hidden_to_draft_kv", _kv_step(state, accept_before=True, after_verify=True))
         _wrap(worker, "forward_batch_generation", worker_cycle(profiler_of, state, None, v1=True))  # last
         return True
-
-    _wrap(worker.draft_model_runner, "forward", _draft_forward(state))
-    _wrap(target, "forward_batch_generation", target_forward(state, target, TARGET))
     if type(worker).__name__ == "DSparkWorkerV2":
         executor = worker._verify_executor
         _wrap(executor, "accept_and_finalize", mark_after(state, ACCEPT))

@@ -35,13 +35,11 @@ from .wrapping import mark_after, prefill_marks, target_forward, worker_cycle, w
 
 DRAFT = "draft"
 TREE = "tree"
+ACCEPT = "accept"
+FREE_KV = "free_kv"
 EXTEND = "draft_extend"
 TARGET = "target_extend"
 MARKER = "specprof_frozen_kv"
-
-
-ACCEPT = "accept"
-FREE_KV = "free_kv"
 V1 = "FrozenKVMTPWorker"  # 0.5.12 and 0.5.13
 
 
@@ -67,7 +65,7 @@ def _accept_hooked() -> bool:
 
 
 def _draft_steps(state: dict, used: bool, runner=None):
-    """For `wrap` on the draft graph's `execute` (`used`) or the eager `draft_forward`: the
+    """For `wrap` on the draft graph's `execute` or `replay` (`used`) or the eager `draft_forward`: the
     assistant's steps end `draft`, and the profile counts the graph replayed or not."""
     def make(orig):
         def method(*args, **kwargs):
@@ -92,29 +90,24 @@ def time_cycles(worker, profiler_of, accept_hooked: bool | None = None) -> bool:
     def _wrap(obj, name, make):
         wrap(obj, name, make, MARKER)
 
-    if worker_kind(worker) == "v1":  # the worker drafts itself and verifies with code of its own
+    # the v1 worker drafts itself, its graph runner `replay`s; v2's draft worker `execute`s
+    v1 = worker_kind(worker) == "v1"
+    drafter = worker if v1 else worker.draft_worker
+    runner = getattr(drafter, "cuda_graph_runner", None)  # None: no graph (one step, or disabled)
+    if runner is not None:
+        _wrap(runner, "replay" if v1 else "execute", _draft_steps(state, True, runner))
+    _wrap(drafter, "draft_forward", _draft_steps(state, False))
+    _wrap(drafter, "draft", mark_after(state, TREE))
+    if v1:  # its verify is its own code: the target's verify forward, then EagleVerifyInput.verify
         if accept_hooked is None:
             accept_hooked = _accept_hooked()
-        runner = getattr(worker, "cuda_graph_runner", None)
-        if runner is not None:
-            _wrap(runner, "replay", _draft_steps(state, True, runner))
-        _wrap(worker, "draft_forward", _draft_steps(state, False))
-        _wrap(worker, "draft", mark_after(state, TREE))
         target = worker.target_worker
         _wrap(target, "forward_batch_generation", target_forward(state, target))
         _wrap(worker, "verify", mark_after(state, FREE_KV if accept_hooked else ACCEPT))
         _wrap(worker, "forward_draft_extend_after_decode", mark_after(state, EXTEND))
         _wrap(worker, "forward_draft_extend", prefill_marks(state, TARGET, EXTEND))
-        _wrap(worker, "forward_batch_generation", worker_cycle(profiler_of, state, steps, v1=True))  # last
-        return True
-    draft_worker = worker.draft_worker
-
-    runner = getattr(draft_worker, "cuda_graph_runner", None)  # None: no graph (one step, or disabled)
-    if runner is not None:
-        _wrap(runner, "execute", _draft_steps(state, True, runner))
-    _wrap(draft_worker, "draft_forward", _draft_steps(state, False))
-    _wrap(draft_worker, "draft", mark_after(state, TREE))
-    _wrap(draft_worker, "_draft_extend_for_decode", mark_after(state, EXTEND))
-    _wrap(draft_worker, "_draft_extend_for_prefill", prefill_marks(state, TARGET, EXTEND))
-    _wrap(worker, "forward_batch_generation", worker_cycle(profiler_of, state, steps))  # last: the rest are in place
+    else:  # the verify and its harvest are EAGLE v2's, with the series' hooks
+        _wrap(drafter, "_draft_extend_for_decode", mark_after(state, EXTEND))
+        _wrap(drafter, "_draft_extend_for_prefill", prefill_marks(state, TARGET, EXTEND))
+    _wrap(worker, "forward_batch_generation", worker_cycle(profiler_of, state, steps, v1=v1))  # last: the rest in place
     return True

@@ -94,8 +94,7 @@ def time_cycles(worker, profiler_of, tree_hooked: bool | None = None, own_verify
     _wrap(draft_worker, "_draft_extend_for_prefill", prefill_marks(state, TARGET, EXTEND))
     if own_verify:  # up to 0.5.15: no hook of the series inside
         target = worker.target_worker
-        if not getattr(target.forward_batch_generation, MARKER, False):
-            _wrap(target, "forward_batch_generation", target_forward(state, target))
+        _wrap(target, "forward_batch_generation", target_forward(state, target))
         _wrap(worker, "verify", mark_after(state, ACCEPT))
     if hasattr(worker, "on_verify_complete_cpu"):  # 0.5.12 on (before, the series harvests in the scheduler)
         _wrap(worker, "on_verify_complete_cpu", harvest_first(profiler_of))
