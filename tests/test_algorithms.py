@@ -7,6 +7,7 @@ worker instance from `hooks.idle` (ngram.py): v1-shaped up to 0.5.13.post1 (its 
 appends each request's tokens), v2-shaped from 0.5.14 (the scheduler commits them).
 """
 import ast
+import contextlib
 import re
 import types
 
@@ -273,14 +274,23 @@ def _args(algorithm, steps=3):
                                  speculative_profile_output=None, tp_size=1, max_running_requests=48)
 
 
-@pytest.mark.parametrize("v2", [False, True])
-def test_idle_installs_the_ngram_profile_and_wraps_its_cycle_once(monkeypatch, v2):
+@contextlib.contextmanager
+def idle_installed(monkeypatch, worker, args):
+    """A scheduler of `worker` with server arguments `args` runs its idle housekeeping once, as
+    before its first request: the profiler it installed and the scheduler (closed after)."""
     test_plain._fake_cuda(monkeypatch)
-    worker = NgramWorker(FakeBackend(), _accept, v2)
-    sched = types.SimpleNamespace(server_args=_args("NGRAM"), model_worker=worker, tp_rank=0, waiting_queue=[])
+    sched = types.SimpleNamespace(server_args=args, model_worker=worker, tp_rank=0, waiting_queue=[])
     hooks.idle(sched)
     try:
-        p = hooks.P
+        yield hooks.P, sched
+    finally:
+        hooks.P.close()
+
+
+@pytest.mark.parametrize("v2", [False, True])
+def test_idle_installs_the_ngram_profile_and_wraps_its_cycle_once(monkeypatch, v2):
+    worker = NgramWorker(FakeBackend(), _accept, v2)
+    with idle_installed(monkeypatch, worker, _args("NGRAM")) as (p, sched):
         assert type(p) is Profiler and p.scheduler is sched
         assert p.config["algorithm"] == "NGRAM" and p.config["num_steps"] is None  # no draft steps
         assert p.config["worker"] == ("v2" if v2 else "v1")
@@ -288,8 +298,6 @@ def test_idle_installs_the_ngram_profile_and_wraps_its_cycle_once(monkeypatch, v
         assert fwd.specprof_ngram and worker.target_worker.forward_batch_generation.specprof_ngram
         hooks.idle(sched)
         assert hooks.P is p and worker.forward_batch_generation is fwd
-    finally:
-        hooks.P.close()
 
 
 def test_the_standalone_constructor_installs_the_eagle_profile_with_its_rank_from_the_runtime(monkeypatch):

@@ -8,11 +8,10 @@ import types
 import pytest
 from packaging.version import Version
 
-import test_plain
 from fakes import FakeBackend
 from conftest import pinned_wheel
 from specprof_build import release
-from test_algorithms import Batch, Req, _accept, _args, _close, _serve
+from test_algorithms import Batch, Req, _accept, _args, _close, _serve, idle_installed
 from test_multilayer import assert_no_and_every_draft_accepted, prefill_phases, prefills_of, served_exactly
 
 from sglang.specprof import block_draft, hooks
@@ -243,16 +242,10 @@ def test_dflash_s_v1_worker_is_timed_alike_and_commits_what_the_clients_got(monk
 
 
 def test_idle_installs_a_v1_profile_on_a_v1_dflash_server(monkeypatch):
-    test_plain._fake_cuda(monkeypatch)
     worker = DFlashWorker(FakeBackend(), _accept, 16)
-    sched = types.SimpleNamespace(server_args=_args("DFLASH"), model_worker=worker, tp_rank=0, waiting_queue=[])
-    hooks.idle(sched)
-    try:
-        p = hooks.P
+    with idle_installed(monkeypatch, worker, _args("DFLASH")) as (p, _):
         assert type(p) is Profiler and p.config["worker"] == "v1" and not p.settle_on_commit
         assert worker.forward_batch_generation.specprof_block and worker._append_target_hidden_to_draft_kv.specprof_block
-    finally:
-        hooks.P.close()
 
 
 @pytest.mark.parametrize("algorithm", WORKERS)
@@ -280,21 +273,14 @@ def test_calls_outside_a_cycle_are_not_marked_and_a_paused_profile_leaves_the_wo
 @pytest.mark.parametrize("algorithm", WORKERS)
 def test_idle_installs_the_profile_and_wraps_the_cycle_once_and_the_report_says_what_the_advisor_cannot(
         monkeypatch, algorithm):
-    test_plain._fake_cuda(monkeypatch)
     worker = WORKERS[algorithm](FakeBackend(), _accept, 16)
-    sched = types.SimpleNamespace(server_args=_args(algorithm, steps=1), model_worker=worker, tp_rank=0,
-                                  waiting_queue=[])
-    hooks.idle(sched)
-    try:
-        p = hooks.P
+    with idle_installed(monkeypatch, worker, _args(algorithm, steps=1)) as (p, sched):
         assert type(p) is Profiler and p.scheduler is sched
         assert p.config["algorithm"] == algorithm and p.config["worker"] == "v2"
         fwd = worker.forward_batch_generation
         assert fwd.specprof_block and worker.draft_model_runner.forward.specprof_block
         hooks.idle(sched)
         assert hooks.P is p and worker.forward_batch_generation is fwd
-    finally:
-        hooks.P.close()
     p, b, worker, out = _profiled(monkeypatch, algorithm)
     _serve(p, worker, True)
     _close(p, b)

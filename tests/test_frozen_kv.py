@@ -9,11 +9,10 @@ import types
 import pytest
 from packaging.version import Version
 
-import test_plain
 from fakes import FakeBackend
 from conftest import pinned_wheel
 from specprof_build import release
-from test_algorithms import Batch, Req, _accept, _args, _close, _serve
+from test_algorithms import Batch, Req, _accept, _args, _close, _serve, idle_installed
 from test_multilayer import (MultiLayerEagleWorkerV2, assert_no_and_every_draft_accepted, prefill_phases,
                              prefills_of, served_exactly)
 
@@ -263,37 +262,23 @@ def test_marks_outside_a_cycle_are_not_taken_and_a_paused_profile_leaves_the_wor
 
 
 def test_idle_installs_the_profile_on_a_frozen_kv_server_and_wraps_its_cycle_once(monkeypatch):
-    test_plain._fake_cuda(monkeypatch)
     worker = FrozenKVMTPWorkerV2(FakeBackend(), _accept)
-    sched = types.SimpleNamespace(server_args=_args("FROZEN_KV_MTP"), model_worker=worker, tp_rank=0,
-                                  waiting_queue=[])
-    hooks.idle(sched)
-    try:
-        p = hooks.P
+    with idle_installed(monkeypatch, worker, _args("FROZEN_KV_MTP")) as (p, sched):
         assert type(p) is Profiler and p.scheduler is sched
         assert p.config["algorithm"] == "FROZEN_KV_MTP" and p.config["worker"] == "v2" and p.config["num_steps"] == 3
         fwd = worker.forward_batch_generation
         assert fwd.specprof_frozen_kv and worker.draft_worker.cuda_graph_runner.execute.specprof_frozen_kv
         hooks.idle(sched)
         assert hooks.P is p and worker.forward_batch_generation is fwd
-    finally:
-        hooks.P.close()
 
 
 def test_idle_installs_a_v1_profile_on_a_v1_frozen_kv_server(monkeypatch):
     """0.5.12 and 0.5.13: the v1 worker's profile is a v1 profile (acceptance settled at the cycle's
     end, the reader on its thread), its graph runner's `replay` wrapped."""
-    test_plain._fake_cuda(monkeypatch)
     worker = FrozenKVMTPWorker(FakeBackend(), _accept)
-    sched = types.SimpleNamespace(server_args=_args("FROZEN_KV_MTP"), model_worker=worker, tp_rank=0,
-                                  waiting_queue=[])
-    hooks.idle(sched)
-    try:
-        p = hooks.P
+    with idle_installed(monkeypatch, worker, _args("FROZEN_KV_MTP")) as (p, _):
         assert type(p) is Profiler and p.config["worker"] == "v1" and not p.settle_on_commit
         assert worker.forward_batch_generation.specprof_frozen_kv and worker.cuda_graph_runner.replay.specprof_frozen_kv
-    finally:
-        hooks.P.close()
 
 
 @pytest.mark.parametrize("body, hooked", [("specprof.P.mark('accept')", True), ("return 'accept'", False),

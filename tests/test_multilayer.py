@@ -13,7 +13,7 @@ import test_plain
 from fakes import FakeBackend
 from conftest import pinned_wheel
 from specprof_build import release
-from test_algorithms import Batch, Req, _accept, _args, _close, _serve
+from test_algorithms import Batch, Req, _accept, _args, _close, _serve, idle_installed
 
 from sglang.specprof import hooks, multilayer
 from sglang.specprof import server_args as spa
@@ -289,14 +289,10 @@ def test_a_v1_multi_layer_worker_seen_at_startup_is_served_unprofiled_with_one_w
 
 
 def test_idle_installs_the_profile_on_a_multi_layer_server_and_wraps_its_cycle_once(monkeypatch):
-    test_plain._fake_cuda(monkeypatch)
     worker = MultiLayerEagleWorkerV2(FakeBackend(), _accept)
     args = _args("EAGLE")
     args.enable_multi_layer_eagle = True  # as the server's arguments have it once resolved
-    sched = types.SimpleNamespace(server_args=args, model_worker=worker, tp_rank=0, waiting_queue=[])
-    hooks.idle(sched)
-    try:
-        p = hooks.P
+    with idle_installed(monkeypatch, worker, args) as (p, sched):
         assert type(p) is Profiler and p.scheduler is sched
         assert p.config["algorithm"] == "EAGLE" and p.config["worker"] == "v2" and p.config["num_steps"] == 3
         assert p.config["multi_layer"] is True
@@ -304,8 +300,6 @@ def test_idle_installs_the_profile_on_a_multi_layer_server_and_wraps_its_cycle_o
         assert fwd.specprof_multilayer and worker.draft_worker._draft_extend_for_decode.specprof_multilayer
         hooks.idle(sched)
         assert hooks.P is p and worker.forward_batch_generation is fwd
-    finally:
-        hooks.P.close()
 
 
 @pytest.mark.parametrize("version, env, overlap_off, topk, says", [

@@ -7,11 +7,10 @@ import types
 import pytest
 from packaging.version import Version
 
-import test_plain
 from fakes import FakeBackend
 from conftest import pinned_wheel
 from specprof_build import release
-from test_algorithms import Batch, Req, _accept, _args, _close, _serve
+from test_algorithms import Batch, Req, _accept, _args, _close, _serve, idle_installed
 from test_multilayer import assert_no_and_every_draft_accepted, prefill_phases
 
 from sglang.specprof import hooks, uno
@@ -123,17 +122,10 @@ def test_blocks_outside_a_cycle_are_not_marked_and_a_paused_profile_leaves_the_w
 
 
 def test_idle_installs_the_profile_and_the_report_says_the_advisor_does_not_apply(monkeypatch):
-    test_plain._fake_cuda(monkeypatch)
     worker = UnoWorkerV2(FakeBackend(), _accept)
-    sched = types.SimpleNamespace(server_args=_args("UNO", steps=1), model_worker=worker, tp_rank=0,
-                                  waiting_queue=[])
-    hooks.idle(sched)
-    try:
-        p = hooks.P
+    with idle_installed(monkeypatch, worker, _args("UNO", steps=1)) as (p, _):
         assert type(p) is Profiler and p.config["algorithm"] == "UNO"
         assert worker.forward_batch_generation.specprof_uno and worker._run_target_block.specprof_uno
-    finally:
-        hooks.P.close()
     p, b, worker, out = _profiled(monkeypatch)
     _serve(p, worker, True)
     _close(p, b)
