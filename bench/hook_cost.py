@@ -15,6 +15,7 @@ spreads the cycles over that many batch-size buckets (a window close costs more 
 
     python bench/hook_cost.py [--cycles 5000] [--reps 7] [--cpu] [--threaded --wait-us 2000 [--wait-kind cuda]]
                               [--phases-every K] [--ctx tensor] [--against DIR] [--cprofile PATH]
+                              [--cycle-times PATH]
 
 `--against DIR` (a folder holding another tree's `sglang/specprof`, e.g. from `git archive`)
 times that tree's profiler in the same process, interleaved with this one's rep by rep in
@@ -388,6 +389,9 @@ def main():
                     "the hooks then find their own data out of the caches, as in a server")
     ap.add_argument("--cprofile", metavar="PATH", help="then one more run of the profiler under cProfile: where its "
                     "host time goes, by function (tottime, cumulative), written to PATH")
+    ap.add_argument("--cycle-times", metavar="PATH", help="then one more run of `off` and of `on`, each cycle's "
+                    "microseconds in the hooks (and of them before the GPU wait) written to PATH as JSON: where the "
+                    "long cycles fall (the hand-overs, a window's close, the GIL taken back from the outputs thread)")
     ap.add_argument("--cpu", action="store_true",
                     help="no GPU: events that cost nothing, so only the profiler's Python is timed")
     a = ap.parse_args()
@@ -517,6 +521,18 @@ def main():
         with open(a.cprofile, "w") as f:
             f.write(buf.getvalue())
         out["cprofile"] = a.cprofile
+    if a.cycle_times:  # each cycle, not a mean: the long ones' place in the sequence
+        per = {}
+        for name in names:
+            p = off if name == "off" else profs[name]
+            pre = []
+            us = run(p, a.cycles, sync, launch=pre, **kw)
+            if name != "off":
+                p.flush()
+            per[name] = {"us": [round(x, 2) for x in us], "before_wait_us": [round(x, 2) for x in pre]}
+        with open(a.cycle_times, "w") as f:
+            json.dump({"bs": a.bs, "phases_every": a.phases_every, "wait_us": a.wait_us, "cycles": per}, f)
+        out["cycle_times"] = a.cycle_times
     out.update(device=device or "cpu", events=getattr(backend, "kind", "none"), threaded=mode, wait_us=a.wait_us,
                wait_kind=a.wait_kind, buckets=a.buckets, bs=a.bs, phases_every=a.phases_every, ctx=ctx, ops=a.ops,
                pollute_kb=a.pollute_kb)

@@ -1521,6 +1521,9 @@ def test_a_window_makes_no_random_generator_until_a_reservoir_fills(monkeypatch)
     xs = [((i * 7919) % 1000) / 10.0 for i in range(window.SAMPLES_PER_SERIES + 500)]
     for x in xs:
         s.add(x)
+    assert made == []  # appended only: the reservoir is filled where it is read
+    assert s.n == len(xs) and made == []
+    s.settle()
     assert made == [(7,)]
     ref, rng = [], random.Random(7)  # the reservoir with its generator made up front
     for i, x in enumerate(xs, 1):

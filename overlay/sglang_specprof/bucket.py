@@ -55,6 +55,14 @@ class Bucket:
         self.cut_tokens = 0
         self.accept_cycles = 0
 
+    def settle(self) -> None:
+        """Every series brought up to date (Series.settle): the values appended since go into
+        its count, sum and reservoir."""
+        for v in vars(self).values():
+            for x in v.values() if isinstance(v, dict) else v if isinstance(v, list) else (v,):
+                if isinstance(x, Series):
+                    x.settle()
+
     def add_cycle(self, c) -> None:
         """`c`: a `window.Cycle`."""
         if c.kind == "prefill":

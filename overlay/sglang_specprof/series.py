@@ -19,54 +19,90 @@ def percentile(sorted_values: list[float], q: float) -> float:
 
 
 class Series:
-    """Count, sum and a bounded reservoir of samples for percentiles."""
+    """Count, sum and a bounded reservoir of samples for percentiles.
 
-    __slots__ = ("n", "total", "max", "samples", "_rng", "_seed")
+    `add` is the list's own `append` (one C call: the cycles are folded on the scheduler's
+    thread, about ten values a cycle); the count, the sum, the maximum and the reservoir are
+    brought up to date from the values appended (`settle`) where they are read, and by the
+    window every SAMPLES_PER_SERIES cycles (`Window.add_cycle`), which bounds the memory.
+    Settled in the order added, with the same generator, the figures are those of adding one
+    value at a time."""
+
+    __slots__ = ("_n", "_total", "_max", "_kept", "_new", "add", "_rng", "_seed")
 
     def __init__(self, seed: int = 0):
-        self.n = 0
-        self.total = 0.0
-        self.max = float("nan")
-        self.samples: list[float] = []
+        self._n = 0
+        self._total = 0.0
+        self._max = float("nan")
+        self._kept: list[float] = []  # the reservoir (every value, up to SAMPLES_PER_SERIES)
+        self._new: list[float] = []  # appended since the last settle, in order
+        self.add = self._new.append
         # made when the reservoir first fills (a window of the default 100 cycles never does):
-        # a Random costs 4 us to make, and each window's buckets make dozens of series, on the
-        # scheduler's thread as its cycles are folded
+        # a Random costs 4 us to make, and each window's buckets make dozens of series
         self._rng = None
         self._seed = seed
 
-    def add(self, x: float) -> None:
-        self.n += 1
-        self.total += x
-        if not x <= self.max:
-            self.max = x
-        if self.n <= SAMPLES_PER_SERIES:
-            self.samples.append(x)
-        else:
-            rng = self._rng
-            if rng is None:
-                rng = self._rng = random.Random(self._seed)
-            j = rng.randrange(self.n)
-            if j < SAMPLES_PER_SERIES:
-                self.samples[j] = x
+    def settle(self) -> None:
+        new = self._new
+        if not new:
+            return
+        n, total, mx, kept = self._n, self._total, self._max, self._kept
+        for x in new:
+            n += 1
+            total += x
+            if not x <= mx:
+                mx = x
+            if n <= SAMPLES_PER_SERIES:
+                kept.append(x)
+            else:
+                rng = self._rng
+                if rng is None:
+                    rng = self._rng = random.Random(self._seed)
+                j = rng.randrange(n)
+                if j < SAMPLES_PER_SERIES:
+                    kept[j] = x
+        new.clear()
+        self._n, self._total, self._max = n, total, mx
+
+    @property
+    def n(self) -> int:
+        return self._n + len(self._new)
+
+    @property
+    def total(self) -> float:
+        self.settle()
+        return self._total
+
+    @property
+    def max(self) -> float:
+        self.settle()
+        return self._max
+
+    @property
+    def samples(self) -> list[float]:
+        self.settle()
+        return self._kept
 
     @property
     def mean(self) -> float:
-        return self.total / self.n if self.n else float("nan")
+        self.settle()
+        return self._total / self._n if self._n else float("nan")
 
     def remove(self, x: float) -> None:
         """Take one value back out (a stalled cycle's, at the window's close)."""
-        self.n -= 1
-        self.total -= x
+        self.settle()
+        self._n -= 1
+        self._total -= x
         try:
-            self.samples.remove(x)
+            self._kept.remove(x)
         except ValueError:
             pass
-        self.max = max(self.samples) if self.samples else float("nan")
+        self._max = max(self._kept) if self._kept else float("nan")
 
     def stats(self) -> dict:
         s = sorted(self.samples)
         return {"mean": _r(self.mean), "p50": _r(percentile(s, 0.5)), "p90": _r(percentile(s, 0.9)),
-                "p99": _r(percentile(s, 0.99)), "max": _r(self.max), "n": self.n}
+                "p99": _r(percentile(s, 0.99)), "max": _r(self._max), "n": self._n}
 
 
 def rounded(x: float | None) -> float | None:

@@ -138,6 +138,7 @@ class Window:
         self.first_host_s: float | None = None
         self.last_host_s: float | None = None
         self.samples: deque = deque(maxlen=CYCLE_SAMPLES)
+        self._settle_in = SAMPLES_PER_SERIES  # cycles until the series are settled (Series.settle): bounded memory
         self.slowest: Cycle | None = None  # the decode cycle with the longest phases, kept whole
         self._slowest_ms = -1.0
         self._by: dict = {}  # (bs, steps) -> its bucket: each cycle and list looks its bucket up once
@@ -158,6 +159,13 @@ class Window:
             self.switches.add_cycle(c)
         else:
             self.bucket(c.bs, c.steps).add_cycle(c)
+        n = self._settle_in - 1  # a series takes one value a cycle at most: settled this often, none outgrows
+        if n:  # twice its reservoir
+            self._settle_in = n
+        else:
+            self._settle_in = SAMPLES_PER_SERIES
+            for b in self.buckets.values():
+                b.settle()
         if c.kind == "decode":
             self.decode_cycles += 1
             if not c.switched and c.whole is None and c.host_start_s is not None and len(c.host_offsets_ms) == len(c.phases):
