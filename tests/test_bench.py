@@ -451,3 +451,32 @@ def test_the_block_drafters_dummies_fit_the_target_they_draft_for(tmp_path, dspa
         assert c["markov_head_type"] in ("vanilla", "gated", "rnn")
     else:
         assert c["architectures"] == ["DFlashDraftModel"] and d["block_size"] == 8
+
+
+def test_each_cycles_host_time_is_written_and_its_long_cycles_placed(tmp_path):
+    """`--cycle-times PATH` writes one more run of the null profiler and of the profiler, each
+    cycle's microseconds in the hooks and the part before the GPU wait; `bench/cycle_times.py`
+    places the long cycles (by index mod 16) and gives the median by index mod K."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import cycle_times
+
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "overlay"))
+    ct = tmp_path / "ct.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "hook_cost.py"), "--cpu", "--cycles", "160",
+                           "--reps", "1", "--outputs-thread", "--phases-every", "4", "--cycle-times", str(ct)],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    d = json.loads(ct.read_text())
+    assert d["phases_every"] == 4 and set(d["cycles"]) == {"off", "on"}
+    for v in d["cycles"].values():
+        assert len(v["us"]) == len(v["before_wait_us"]) == 160
+        assert all(0 <= b <= u + 0.01 for b, u in zip(v["before_wait_us"], v["us"]))
+    # a made-up run: 1 ms before the wait every 16th cycle, 80 us the other 4th ones, 5 us otherwise; 2 us after
+    pre = [1000.0 if i % 16 == 0 else 80.0 if i % 4 == 0 else 5.0 for i in range(64)]
+    made = {"phases_every": 4, "cycles": {"on": {"us": [p + 2.0 for p in pre], "before_wait_us": pre}}}
+    r = cycle_times.analyse(made)["on"]
+    assert r["long_before_wait_by_index_mod_16"] == {0: 4}
+    assert r["above"]["300"] == {"cycles": 4, "share_of_time": round(4 * 1002 / (4 * 1002 + 12 * 82 + 48 * 7), 3)}
+    assert r["above"]["50"]["cycles"] == 16
+    assert r["before_wait_median_by_index_mod_4"] == {0: 80.0, 1: 5.0, 2: 5.0, 3: 5.0}
+    assert r["after_wait_mean_us"] == 2.0
