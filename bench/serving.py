@@ -297,12 +297,22 @@ def start_all(plan, log_dir, first_port=31000, mem_fraction=0.88, timeout=600, c
         for s in servers.values():
             s.wait_ready(deadline)
     except BaseException:
-        stop_all(servers)
+        stop_all(servers, settle_s=0)
         raise
     return servers
 
 
-def stop_all(servers):
+# A profile's open window closes once its server sat idle 1.5 s (`settlement.IDLE_CLOSE_S`), at the
+# next idle housekeeping (about once a second with --sleep-on-idle); a server stopped sooner loses
+# it (SGLang kills its scheduler: nothing flushes then). The last server of a rotation stops right
+# after its run, so the servers are given this long first.
+SETTLE_S = 3.5
+
+
+def stop_all(servers, settle_s=SETTLE_S):
+    """Stop every server, after `settle_s` seconds for their profiles' open windows to close."""
+    if servers and settle_s:
+        time.sleep(settle_s)
     for s in servers.values():
         s.stop()
 
