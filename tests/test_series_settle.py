@@ -103,3 +103,18 @@ def test_a_long_window_keeps_its_series_bounded(monkeypatch):
     b = w.buckets["3-4"]
     assert b.cycle_gpu.n == 1000 and len(b.cycle_gpu.samples) == 64
     assert b.gpu["draft"].max == 7.0 and abs(b.gpu["verify"].mean - 2.0) < 1e-12
+
+
+def test_a_copy_of_a_series_is_a_series_of_its_own():
+    """`add` is a bound `append`: a deep copy (deepcopy, pickle) appends to its own list, not to
+    the original's (a deepcopy keeps a builtin method as it is)."""
+    import copy
+    import pickle
+
+    s = series.Series(4)
+    for x in (1.0, 5.0, 3.0):
+        s.add(x)
+    for c in (copy.deepcopy(s), pickle.loads(pickle.dumps(s))):
+        c.add(10.0)
+        assert c.n == 4 and c.max == 10.0 and c.samples == [1.0, 5.0, 3.0, 10.0]
+    assert s.n == 3 and s.max == 5.0 and s.samples == [1.0, 5.0, 3.0]

@@ -42,6 +42,15 @@ class Series:
         self._rng = None
         self._seed = seed
 
+    def __getstate__(self):  # a copy (copy, deepcopy, pickle) appends to a list of its own
+        self.settle()
+        return {k: getattr(self, k) for k in self.__slots__ if k != "add"}
+
+    def __setstate__(self, state):
+        for k, v in state.items():
+            setattr(self, k, v)
+        self.add = self._new.append
+
     def settle(self) -> None:
         new = self._new
         if not new:
