@@ -23,7 +23,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpu_models import bench_dirs  # noqa: E402
-from serving import eagle3_args, http, load, start_all, stop_all  # noqa: E402
+from serving import SETTLE_S, eagle3_args, http, load, start_all, stop_all  # noqa: E402
 
 
 def main():
@@ -55,7 +55,7 @@ def main():
                 if n == "capped":
                     client_decode += tok - a.concurrency
             print(r, {n: v[-1] for n, v in runs.items()}, flush=True)
-        time.sleep(3.5)
+        time.sleep(SETTLE_S)  # the idle close: the open window's tokens in the totals
         after = http(servers["capped"].port, "/server_info")["internal_states"][0]["speculative_profile"]["totals"]
     finally:
         stop_all(servers)

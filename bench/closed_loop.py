@@ -46,7 +46,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from adaptive import Mode  # noqa: E402
 from gpu_models import bench_dirs  # noqa: E402
-from serving import (eagle3_args, http, installed_sglang, load, machine, median_ci,  # noqa: E402
+from serving import (SETTLE_S, eagle3_args, http, installed_sglang, load, machine, median_ci,  # noqa: E402
                      portable_command, round_args, start_all, stop_all)
 
 POLICIES = ["ema", "ema-all", "cfg", "cost"]
@@ -124,7 +124,7 @@ def capped_run(port, a, profile):
     for _ in range(2):
         tok, secs = load(port, c, new_tokens(c, a.tokens_scale))
         rates.append(round(tok / secs, 1))
-    time.sleep(3.5)
+    time.sleep(SETTLE_S)  # the idle close: the window reaches the file
     here = os.path.dirname(os.path.abspath(__file__))
     proc = subprocess.run([sys.executable, "-m", "sglang_specprof", "report", profile], capture_output=True, text=True,
                           env=dict(os.environ, PYTHONPATH=os.path.join(os.path.dirname(here), "overlay")))
@@ -290,7 +290,7 @@ def main():
                 print(f"stopping after {r} rounds (--max-seconds)", flush=True)
                 break
             if r == 0 and "cfg" in modes:  # the profile of the warm-up: every static at every load
-                time.sleep(3.5)  # the idle close: the open window reaches the file
+                time.sleep(SETTLE_S)  # the idle close: the open window reaches the file
                 ok = write_config(profile, cfg_path, os.path.join(a.logs, "adaptive-config.log"))
                 if ok:
                     print("cfg:", json.dumps({k: v for k, v in json.load(open(cfg_path)).items() if k.isdigit()}),
@@ -342,7 +342,7 @@ def main():
                 print(f"{ld} {'round' if r >= 0 else 'warm-up'} {r}: " + " ".join(f"{m} {got[m]:.0f}" for m in modes
                                                                                    if m in got), flush=True)
             _write(result_path, a, runs, checks, statics, client_decode, None, servers, step0, decode)
-        time.sleep(3.5)
+        time.sleep(SETTLE_S)  # the idle close: the open window's tokens in the totals
         mode.set("cost")
         st = mode.state()
         exact = {"client_decode_tokens": client_decode,

@@ -300,9 +300,7 @@ def main():
     finally:
         if clocks is not None:
             clocks.stop()
-        if "on" in servers:  # the profile's open window closes idle (profiler.IDLE_CLOSE_S: at 2 s with
-            time.sleep(3.5)  # --sleep-on-idle, whose housekeeping runs once a second)
-        stop_all(servers)
+        stop_all(servers)  # after the profile's open window closed idle (serving.SETTLE_S)
 
 
 if __name__ == "__main__":

@@ -83,7 +83,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 MB = 1024.0 * 1024.0
 LOSS_COUNTERS = ("dropped_cycles", "steps_lost", "marks_lost", "backlog_dropped")
-IDLE_CLOSE_WAIT_S = 3.5  # the open window closes idle (profiler.IDLE_CLOSE_S, 2 s with --sleep-on-idle)
+IDLE_CLOSE_WAIT_S = 3.5  # the open window closes idle (settlement.IDLE_CLOSE_S, seen within a second more: serving.SETTLE_S)
 
 
 # -- the analysis (no GPU) -------------------------------------------------------------
