@@ -183,6 +183,36 @@ def started(a) -> list:
     return names + (["check"] if a.check else [])
 
 
+def aa_verdict(res: dict) -> dict:
+    """The other ratios read against the A/A pair's (two unpatched servers, equal but for chance):
+    whether the run resolves anything (the A/A interval holds 1), whether on / upstream's interval
+    starts at or above the A/A interval's low end, and whether off / upstream's median lies inside
+    the A/A interval (the cost's criteria, issue-wise)."""
+    lo, hi = res["median_ratio_aa_ci95"]
+    out = {"aa_interval": [lo, hi], "aa_holds_1": lo <= 1.0 <= hi,
+           "aa_spread": round(max(1.0 - lo, hi - 1.0), 4)}
+    if "median_ratio_on_vs_upstream_ci95" in res:
+        out["on_vs_upstream_low_at_or_above_aa_low"] = res["median_ratio_on_vs_upstream_ci95"][0] >= lo
+    if "median_ratio_off_vs_upstream" in res:
+        out["off_vs_upstream_within_aa"] = lo <= res["median_ratio_off_vs_upstream"] <= hi
+    return out
+
+
+def aa_verdict_line(v: dict) -> str:
+    lo, hi = v["aa_interval"]
+    head = (f"A/A [{lo:.3f}, {hi:.3f}]: two equal servers differ by up to {100 * v['aa_spread']:.1f}% here"
+            if v["aa_holds_1"] else
+            f"A/A [{lo:.3f}, {hi:.3f}] excludes 1: two equal servers differed on their own; this run resolves "
+            f"no ratio nearer 1 than {100 * v['aa_spread']:.1f}%")
+    parts = []
+    if "on_vs_upstream_low_at_or_above_aa_low" in v:
+        parts.append("on / upstream's low end " + ("at or above" if v["on_vs_upstream_low_at_or_above_aa_low"]
+                                                   else "below") + " the A/A's")
+    if "off_vs_upstream_within_aa" in v:
+        parts.append("off / upstream " + ("within" if v["off_vs_upstream_within_aa"] else "outside") + " the A/A interval")
+    return head + ("; " + ", ".join(parts) if parts else "")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=8)
@@ -278,6 +308,9 @@ def main():
             if "upstream2" in runs:  # the A/A control: two unpatched servers, equal but for chance
                 res["tok_s_upstream2"] = [round(x, 2) for x in runs["upstream2"]]
                 res.update(ratio_summary("_aa", [b / u for b, u in zip(runs["upstream2"], runs["upstream"])]))
+            if "upstream2" in runs:
+                res["aa_verdict"] = aa_verdict(res)
+                print(aa_verdict_line(res["aa_verdict"]), flush=True)
             res.update({"rounds": len(ratios), "new_tokens": a.new_tokens, "start_order": order,
                         "command": portable_command("bench/overhead.py", sys.argv[1:]),
                         "machine": machine(), "date": datetime.date.today().isoformat(),

@@ -78,6 +78,10 @@ def test_overhead_aa_puts_a_second_unpatched_server_in_the_rotation(tmp_path):
                                            abs=2e-4)
     assert r["median_ratio_aa_ci95"][0] <= r["median_ratio_aa"] <= r["median_ratio_aa_ci95"][1]
     assert len(r["ratios_on_vs_upstream"]) == 3
+    v = r["aa_verdict"]  # the other ratios read against the A/A pair's
+    assert v["aa_interval"] == r["median_ratio_aa_ci95"]
+    assert v["off_vs_upstream_within_aa"] == (v["aa_interval"][0] <= r["median_ratio_off_vs_upstream"]
+                                              <= v["aa_interval"][1])
     config = json.loads((tmp_path / "logs" / "models" / "target" / "config.json").read_text())
     assert config["hidden_size"] == 2048 and config["num_hidden_layers"] == 16  # the 1B shape
     # without an unpatched copy there is no A/A pair: one sentence, exit 2, before any server starts
@@ -505,3 +509,23 @@ def test_servers_are_stopped_after_their_profiles_open_windows_closed(monkeypatc
     events.clear()
     serving.stop_all({"a": S()}, settle_s=0)
     assert events == ["stop"]
+
+
+def test_the_aa_verdict_reads_each_ratio_against_the_aa_interval():
+    """The recorded 1B-shaped run of 2026-12-07 at 8 requests: two equal servers 6.6% apart with an
+    interval that excludes 1, so the run resolves nothing nearer 1 than 15%; at one request the
+    A/A interval holds 1 and is wide (0.811-1.032): on / upstream's low end (0.894) is above its low
+    end and off / upstream inside it, which says as little as the interval is wide."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import overhead
+
+    got = {}
+    for c in (1, 8):
+        res = json.loads((ROOT / "bench" / "results" / f"overhead-0.5.16-1b-aa-h200-c{c}-2026-12-07.json").read_text())
+        got[c] = overhead.aa_verdict(res)
+    assert got[8]["aa_holds_1"] is False and got[8]["aa_spread"] == pytest.approx(0.1537)
+    assert "excludes 1" in overhead.aa_verdict_line(got[8]) and "15.4%" in overhead.aa_verdict_line(got[8])
+    assert got[1]["aa_holds_1"] and got[1]["on_vs_upstream_low_at_or_above_aa_low"] is True
+    assert got[1]["off_vs_upstream_within_aa"] is True
+    line = overhead.aa_verdict_line(got[1])
+    assert "at or above the A/A's" in line and "within the A/A interval" in line and "18.9%" in line
