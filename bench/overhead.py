@@ -187,7 +187,7 @@ def aa_verdict(res: dict) -> dict:
     """The other ratios read against the A/A pair's (two unpatched servers, equal but for chance):
     whether the run resolves anything (the A/A interval holds 1), whether on / upstream's interval
     starts at or above the A/A interval's low end, and whether off / upstream's median lies inside
-    the A/A interval (the cost's criteria, issue-wise)."""
+    the A/A interval."""
     lo, hi = res["median_ratio_aa_ci95"]
     out = {"aa_interval": [lo, hi], "aa_holds_1": lo <= 1.0 <= hi,
            "aa_spread": round(max(1.0 - lo, hi - 1.0), 4)}
