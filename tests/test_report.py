@@ -1081,6 +1081,25 @@ def test_what_timing_by_phase_adds_is_not_said_from_too_few_cycles_or_within_noi
     assert "not said" in line(steady[:2]) and "too few to judge it against the noise" in line(steady[:2])
 
 
+def test_where_timing_by_phase_costs_half_a_percent_the_report_gives_the_k_that_halves_it(capsys):
+    """A 1B-shaped server's short cycles (0.5.16, topk 4 tree, one request): timing by phase in one
+    cycle of 4 added 131.7 us of GPU time to each cycle it timed, 0.79% of all cycles' time; the
+    report says --speculative-profile-phases-every 8 would make it about half. At 9-16 requests
+    (0.28%) it says nothing more."""
+    from sglang_specprof import render
+
+    code, out, _ = run_cli("report", str(DATA / "tree-check" / "0.5.16-h200-topk" / "profile-4-3-8.jsonl.xz"),
+                           capsys=capsys)
+    assert code == 0
+    lines = {x.split(":")[0]: x for x in out.splitlines() if "timing by phase adds" in x}
+    assert "0.79% of all cycles' time; --speculative-profile-phases-every 8 would make it about 0.40%" in lines["bs 1"]
+    assert lines["bs 9-16"].endswith("0.28% of all cycles' time")
+    m = {"gpu_ms": 0.1, "share_of_all": render.MARKS_SHARE_TO_HALVE, "windows": 9, "judged": "measured"}
+    assert "phases-every 16 would make it about 0.25%" in render._marks_line(m, 8)
+    assert "phases-every" not in render._marks_line(m)  # K unknown: nothing said of it
+    assert "phases-every" not in render._marks_line(dict(m, share_of_all=0.0049), 8)
+
+
 def test_control_characters_in_a_profile_are_shown_escaped(tmp_path, capsys):
     """A phase name or a setting holding an escape sequence went to the terminal raw (it could
     recolour, retitle or rewrite the screen); a newline in a name made a line of its own."""

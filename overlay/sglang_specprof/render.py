@@ -65,8 +65,14 @@ def format_switches(summary: dict) -> list[str]:
             + f"; {s['gpu_ms'] / 1000.0:.3f} s in all"]
 
 
-def _marks_line(m) -> str | None:
-    """What timing by phase adds to a cycle, or why the profile does not say."""
+# Above this share of all cycles' time, what timing by phase adds is worth halving: one cycle of 2K timed
+# by phase (its figures from half as many cycles) instead of one of K
+MARKS_SHARE_TO_HALVE = 0.005
+
+
+def _marks_line(m, phases_every=None) -> str | None:
+    """What timing by phase adds to a cycle, or why the profile does not say; where it is above
+    MARKS_SHARE_TO_HALVE of all cycles' time (a small model's short cycles), the K that halves it."""
     if not m or m["gpu_ms"] is None:
         return None
     judged, (timed, whole) = m.get("judged", "measured"), m.get("cycles") or (None, None)
@@ -81,6 +87,9 @@ def _marks_line(m) -> str | None:
                 f"the ones timed whole, the median of {m['windows']} windows within +-{1000 * m['noise_gpu_ms']:.1f} "
                 f"us of none)")
     share = "" if m["share_of_all"] is None else f", {100 * m['share_of_all']:.2f}% of all cycles' time"
+    if m["share_of_all"] is not None and m["share_of_all"] >= MARKS_SHARE_TO_HALVE and phases_every:
+        share += (f"; --speculative-profile-phases-every {2 * phases_every} would make it about "
+                  f"{50 * m['share_of_all']:.2f}% (phases timed in half as many cycles)")
     return (f"timing by phase adds {1000 * m['gpu_ms']:.1f} us of GPU time to each cycle it times (median of "
             f"{m['windows']} windows, those cycles against the ones timed whole){share}")
 
@@ -95,7 +104,7 @@ def render(summary: dict, advice: dict) -> str:
     for key, adv in advice.items():
         text.append(f"bs {key} " + format_advice(adv))
     for key, b in summary.get("buckets", {}).items():
-        line = _marks_line(b.get("phase_marks_added"))
+        line = _marks_line(b.get("phase_marks_added"), (summary.get("config") or {}).get("phases_every"))
         if line:
             text.append(f"bs {key}: {line}")
     if summary.get("kernels"):
