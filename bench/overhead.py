@@ -308,7 +308,6 @@ def main():
             if "upstream2" in runs:  # the A/A control: two unpatched servers, equal but for chance
                 res["tok_s_upstream2"] = [round(x, 2) for x in runs["upstream2"]]
                 res.update(ratio_summary("_aa", [b / u for b, u in zip(runs["upstream2"], runs["upstream"])]))
-            if "upstream2" in runs:
                 res["aa_verdict"] = aa_verdict(res)
                 print(aa_verdict_line(res["aa_verdict"]), flush=True)
             res.update({"rounds": len(ratios), "new_tokens": a.new_tokens, "start_order": order,

@@ -80,10 +80,10 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from serving import SETTLE_S  # noqa: E402  (the open window closes idle: waited for before reading the totals)
 
 MB = 1024.0 * 1024.0
 LOSS_COUNTERS = ("dropped_cycles", "steps_lost", "marks_lost", "backlog_dropped")
-IDLE_CLOSE_WAIT_S = 3.5  # the open window closes idle (settlement.IDLE_CLOSE_S, seen within a second more: serving.SETTLE_S)
 
 
 # -- the analysis (no GPU) -------------------------------------------------------------
@@ -615,7 +615,7 @@ def main():
         res["ready_s"] = {n: s.ready_s for n, s in servers.items()}
         res["startup_s"] = round(time.time() - t_start, 1)
         print(f"servers ready in {res['startup_s']} s ({res['ready_s']})", flush=True)
-        time.sleep(IDLE_CLOSE_WAIT_S)  # launch's own warm-up request is over, its window closed
+        time.sleep(SETTLE_S)  # launch's own warm-up request is over, its window closed
         before = server_profile(servers["on"].port).get("totals")
         res["samples"].append(sample(-1.0, servers, {}, profile, archive))
         clients = {n: Clients(s.port, a.concurrency, a.seed, tuple(a.prompt), tuple(a.new)) for n, s in servers.items()}
@@ -647,7 +647,7 @@ def main():
         load_s = time.time() - t0
         drained = {n: c.finish(timeout=120) for n, c in clients.items()}
         res["samples"].append(dict(sample(time.time() - t0, servers, clients, profile, archive), drained=True))
-        time.sleep(IDLE_CLOSE_WAIT_S)
+        time.sleep(SETTLE_S)
         after_state = server_profile(servers["on"].port)
         archive.poll()
         res["load_s"] = round(load_s, 1)

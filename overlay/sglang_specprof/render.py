@@ -103,8 +103,9 @@ def render(summary: dict, advice: dict) -> str:
     text += zero_step_lines(summary, advice)
     for key, adv in advice.items():
         text.append(f"bs {key} " + format_advice(adv))
+    phases_every = (summary.get("config") or {}).get("phases_every")
     for key, b in summary.get("buckets", {}).items():
-        line = _marks_line(b.get("phase_marks_added"), (summary.get("config") or {}).get("phases_every"))
+        line = _marks_line(b.get("phase_marks_added"), phases_every)
         if line:
             text.append(f"bs {key}: {line}")
     if summary.get("kernels"):
