@@ -36,6 +36,7 @@ import os
 import statistics
 import sys
 import time
+from operator import methodcaller
 
 from sglang.specprof.folder import AT_HAND_OVER, INLINE, READER_THREAD
 from sglang.specprof.profiler import NullProfiler, Profiler
@@ -47,10 +48,12 @@ RUNNER = object()  # the draft graph runner the replay hooks are given (no graph
 
 def hook_calls(p, bs):
     """A cycle's hooks after `begin`, as the v2 worker calls them: the draft graph's replay
-    hooks close `draft_inputs`, `draft` and `draft_outputs`, the other marks are marks."""
-    graph = {"draft_inputs": (p.draft_replay_begin, (RUNNER, bs)), "draft": (p.draft_replay_end, ()),
-             "draft_outputs": (p.draft_end, ())}
-    return [graph.get(m, (p.mark, (m,))) for m in MARKS]
+    hooks close `draft_inputs`, `draft` and `draft_outputs`, the other marks are marks. Each is
+    looked up on the profiler at its call, as the patched files do (`specprof.P.mark(...)`): the
+    profiler may change what its hooks are from one cycle to the next (Recorder.show_marks)."""
+    graph = {"draft_inputs": ("draft_replay_begin", (RUNNER, bs)), "draft": ("draft_replay_end", ()),
+             "draft_outputs": ("draft_end", ())}
+    return [(methodcaller(name, *args), (p,)) for name, args in (graph.get(m, ("mark", (m,))) for m in MARKS)]
 BUCKET_BS = [1, 2, 4, 8, 16, 32]
 
 

@@ -586,7 +586,7 @@ def test_context_length_from_the_batch_where_upstream_keeps_no_cpu_lengths():
     """v2 from 0.5.13 passes the ScheduleBatch: its CPU lengths where upstream keeps them,
     else its requests' prompt and output tokens; a device tensor is never read, and a batch
     that has neither (or breaks) gives no context, never an error."""
-    from sglang.specprof.reader import context_tokens
+    from sglang.specprof.batch_state import context_tokens
 
     class T:
         def __init__(self, device, values):

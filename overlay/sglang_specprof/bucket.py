@@ -21,6 +21,17 @@ WHOLE = "(cycle)"  # a stall candidate timed without its phases: the whole cycle
 GRAPH_KINDS = ("draft", "verify", "draft_extend")  # the forwards that replay a CUDA graph or run eager
 
 
+def keep_candidate(cand: list, worst: float, rows) -> None:
+    """A possible stall (its longest host-bound phase, its rows): kept among the
+    STALL_CANDIDATES longest of its bucket and window, judged at the close."""
+    if len(cand) < STALL_CANDIDATES:
+        cand.append((worst, rows))
+    else:
+        i = min(range(len(cand)), key=lambda j: cand[j][0])
+        if worst > cand[i][0]:
+            cand[i] = (worst, rows)
+
+
 class Bucket:
     def __init__(self):
         self.cycles = 0
@@ -73,12 +84,10 @@ class Bucket:
                     sp = self.prefill_gpu[name] = Series()
                 sp.add(g)
             return
-        self.cycles += 1
-        total = 0.0
         if c.whole is not None:  # its start and end only: the cycle's time, no phases
             total, host_ms = c.whole
-            rows = [(WHOLE, total, host_ms)]
-        else:
+        else:  # its stalls are judged phase by phase, here (host 0.0: not as a whole)
+            total, host_ms, worst = 0.0, 0.0, 0.0
             gpu, host = self.gpu, self.host
             for name, g, h in c.phases:
                 sg = gpu.get(name)
@@ -89,27 +98,13 @@ class Bucket:
                 sg.add(g)
                 host[name].add(h)
                 total += g
+                if g > STALL_MIN_MS and h >= STALL_HOST_SHARE * g and g > worst:
+                    worst = g
             self.phase_cycle_gpu.add(total)
-            rows = c.phases
-        self.cycle_gpu.add(total)
-        if c.drained:
-            self.drain_cycles += 1
-        else:
-            self.decode_ms += total + (c.gap_gpu_ms or 0.0)
-        worst = 0.0  # a loop, not max() over a generator: this runs for every cycle, on the scheduler's thread
-        for _, g, h in rows:
-            if g > STALL_MIN_MS and h >= STALL_HOST_SHARE * g and g > worst:
-                worst = g
-        if worst:
-            cand = self.candidates
-            if len(cand) < STALL_CANDIDATES:
-                cand.append((worst, rows))
-            else:
-                i = min(range(len(cand)), key=lambda j: cand[j][0])
-                if worst > cand[i][0]:
-                    cand[i] = (worst, rows)
-        if c.host_pause_ms:
-            self.pauses.add(c.host_pause_ms)
+            if worst:
+                keep_candidate(self.candidates, worst, c.phases)
+        self.add_whole(total, host_ms, c.gap_gpu_ms, c.period_host_ms, c.period_gpu_ms, c.graph, c.bs,
+                       c.host_pause_ms, c.drained)
         if c.beside_prefill_ms is not None:
             self.beside_prefill.add(c.beside_prefill_ms)
         if c.context_tokens is not None:
@@ -122,17 +117,32 @@ class Bucket:
             while len(self.steps) <= i:
                 self.steps.append(Series())
             self.steps[i].add(s)
-        if c.gap_gpu_ms is not None and c.period_host_ms is not None:
-            self.gap.add(c.gap_gpu_ms)
-            self.period.add(c.period_host_ms)
-            if c.period_gpu_ms is not None:
-                self.period_gpu.add(c.period_gpu_ms)
-        if c.graph:
+
+    def add_whole(self, total, host_ms, gap, period, period_gpu, graph, bs, pause_ms=0.0, drained=False) -> None:
+        """A decode cycle's GPU time `total` and host time `host_ms` (timed whole: a stall
+        candidate as a whole), then the time around it as in `Cycle`. The reader calls it
+        directly for most cycles timed whole (no `Cycle` made: Reader.read_whole)."""
+        self.cycles += 1
+        self.cycle_gpu.add(total)
+        if drained:
+            self.drain_cycles += 1
+        else:
+            self.decode_ms += total + (gap or 0.0)
+        if total > STALL_MIN_MS and host_ms >= STALL_HOST_SHARE * total:
+            keep_candidate(self.candidates, total, [(WHOLE, total, host_ms)])
+        if pause_ms:
+            self.pauses.add(pause_ms)
+        if gap is not None and period is not None:
+            self.gap.add(gap)
+            self.period.add(period)
+            if period_gpu is not None:
+                self.period_gpu.add(period_gpu)
+        if graph:
             for k in self.graph_replays:
-                if c.graph.get(k):
+                if graph.get(k):
                     self.graph_replays[k] += 1
-            if c.graph.get("padded_bs"):
-                self.padding.add(c.graph["padded_bs"] - c.bs)
+            if graph.get("padded_bs"):
+                self.padding.add(graph["padded_bs"] - bs)
 
     def add_accept(self, correct_per_req: list[int], committed: list[int] | None = None, skipped: int = 0) -> None:
         """`correct_per_req`: correct drafts of each request that took the cycle's tokens;

@@ -159,13 +159,7 @@ class Window:
             self.switches.add_cycle(c)
         else:
             self.bucket(c.bs, c.steps).add_cycle(c)
-        n = self._settle_in - 1  # a series takes one value a cycle at most: settled this often, none outgrows
-        if n:  # twice its reservoir
-            self._settle_in = n
-        else:
-            self._settle_in = SAMPLES_PER_SERIES
-            for b in self.buckets.values():
-                b.settle()
+        self._tick()
         if c.kind == "decode":
             self.decode_cycles += 1
             if not c.switched and c.whole is None and c.host_start_s is not None and len(c.host_offsets_ms) == len(c.phases):
@@ -177,6 +171,27 @@ class Window:
             self.first_host_s = c.host_start_s
         if end_host_s is not None:
             self.last_host_s = end_host_s
+
+    def add_whole(self, bs, steps, total, host_ms, gap, period, period_gpu, graph, pause_ms, start_s, end_s) -> None:
+        """A decode cycle timed whole, neither drained nor the first after a switch or after
+        prefills, as `add_cycle` takes it (Bucket.add_whole), without a `Cycle` (Reader.read_whole)."""
+        self.bucket(bs, steps).add_whole(total, host_ms, gap, period, period_gpu, graph, bs, pause_ms)
+        self._tick()
+        self.decode_cycles += 1
+        if self.first_host_s is None:
+            self.first_host_s = start_s
+        self.last_host_s = end_s
+
+    def _tick(self) -> None:
+        """A series takes one value a cycle at most: settled every SAMPLES_PER_SERIES cycles,
+        none outgrows twice its reservoir."""
+        n = self._settle_in - 1
+        if n:
+            self._settle_in = n
+        else:
+            self._settle_in = SAMPLES_PER_SERIES
+            for b in self.buckets.values():
+                b.settle()
 
     def uncharge(self, bs: int, ms: float, steps: int | None = None, switched: bool = False) -> None:
         """A cycle read before it was found drained: its time is not decode time."""

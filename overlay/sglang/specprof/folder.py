@@ -209,13 +209,16 @@ class Folder:
                             continue
                         return False  # read at the next hand-over
                     w = self.window
+                    obs = self.observer
                     if s.kind == "decode" and r.decode_read >= self.window_end:
                         read = r.slot_read(s, w.index + 1)
                         self.early.append(read)
+                    elif obs is None and not s.detail and r.read_whole(s, w):  # most cycles timed whole: no Cycle made
+                        items.popleft()
+                        return True
                     else:
                         read = r.slot_read(s, w.index)
                         w.add_cycle(*read)
-                    obs = self.observer
                     if obs is not None:
                         obs.cycle(read[0])
                 elif kind == "accept":

@@ -91,6 +91,7 @@ class Profiler(AcceptHooks, NullProfiler):
         # there, through the bound method the acceptance hooks call
         self.settlement = st = Settlement(self, interval, rec.adaptive)
         rec.connect(self.reader, self.folder, st)
+        rec.face = self  # a cycle timed whole gets marks that do nothing (Recorder.show_marks)
         self._add_accept = st.settle
         self.tokens = st.tokens
 

@@ -15,7 +15,7 @@ no Python frame between a hook's call and its code.
 from __future__ import annotations
 
 from .graphs import GraphHooks
-from .reader import batch_state, waiting_requests
+from .batch_state import batch_state, waiting_requests
 from .slots import BEHIND, SlotPool
 
 MAX_MARKS = 64  # phase marks a cycle may hold (a cycle records about 12); beyond, counted as lost
@@ -114,6 +114,8 @@ class Recorder(GraphHooks, SlotPool):
             self._rec(s, 0)
             s.host[0] = self.clock()
             s.n = 1
+            if self.open_at_end and s.detail is not self.marks_shown:  # the face's marks for it (show_marks)
+                self.show_marks(s.detail)
         except Exception as e:  # never take the server down
             self._fail(e)
 
@@ -202,6 +204,8 @@ class Recorder(GraphHooks, SlotPool):
                 if k % self.phases_every and not self.detail_all:
                     nxt.detail = False
                 self.next_slot = nxt
+                if self.open_at_end and nxt.detail is not self.marks_shown:  # the face's marks for it, here
+                    self.show_marks(nxt.detail)  # where the host leads (show_marks), not in `begin`
         if self.open_at_end:  # Gate.open, inline
             g = self.gate
             g.is_open = True

@@ -14,7 +14,13 @@ from collections import deque
 
 from sglang_specprof.window import GRAPH_KINDS
 
-from .reader import Slot, batch_state, waiting_requests
+from .batch_state import batch_state, waiting_requests
+from .reader import Slot
+
+# what the face's `mark(name)`, `draft_end()` and `draft_replay_end()` are during a cycle timed
+# whole: builtins that take those arguments and do nothing with them (no Python frame)
+SKIP_MARK = id
+SKIP_CALL = tuple
 
 POOL = 256  # cycles in flight at most; beyond that the oldest is dropped and counted
 BEHIND = POOL // 4  # free slots below which the scheduler's thread reads cycles itself
@@ -76,6 +82,11 @@ class SlotPool:
         # each change of it between decode cycles is kept for the window (Settlement.switched)
         self.adaptive = bool(config.get("adaptive"))
         self._switch_next = False  # the next decode cycle's slot is the first after a switch
+        # The hooks' face (the profiler, `show_marks`): while a cycle timed whole runs, its `mark`
+        # and `draft_end` are C callables that do nothing with what they are given, so the ten or
+        # so marks of such a cycle cost no Python frame. Not on v1, whose marks open the gate.
+        self.face = None
+        self.marks_shown = True  # the face's marks are this recorder's (a cycle timed by phase)
 
     def connect(self, reader, folder, settlement):
         """The parts the cycles go to: the reader gives slots back, the folder takes the items
@@ -89,6 +100,20 @@ class SlotPool:
         adaptive = self.adaptive
         self.hand_over = (HAND_OVER_POLICY if adaptive else HAND_OVER) if folder.reading_thread else (
             HAND_OVER_INLINE_POLICY if adaptive else HAND_OVER_INLINE)
+
+    def show_marks(self, detail: bool) -> None:
+        """The face's marks for the next cycle, timed by phase (`detail`: this recorder's own) or
+        whole (C callables that ignore their arguments); called (v2 only) where a slot's detail is
+        decided and differs from what is shown: at the `end` that makes the next slot ready, in
+        `_decide_next`, and in the long way of `begin` (`_begin`), not in its fast way."""
+        f = self.face
+        if f is None:
+            return
+        self.marks_shown = detail
+        if detail:
+            f.mark, f.draft_end, f.draft_replay_end = self.mark, self.draft_end, self.draft_replay_end
+        else:
+            f.mark, f.draft_end, f.draft_replay_end = SKIP_MARK, SKIP_CALL, SKIP_CALL
 
     def behind(self) -> bool:
         """Few free slots left: the reader must catch up whatever the scheduler does."""
@@ -114,6 +139,8 @@ class SlotPool:
                 s.detail = not k % self.phases_every or self.detail_all
             elif self.detail_all:
                 s.detail = True
+            if self.open_at_end and s.detail is not self.marks_shown:
+                self.show_marks(s.detail)
 
     def _take_ready(self):
         """The slot the last `end` made ready, taken back from there with the count `end` gave
