@@ -70,8 +70,25 @@ def noise(runs: dict[str, list[float]]) -> float:
     return statistics.median(spreads) if spreads else 0.0
 
 
-def judge(advice: dict, measured: dict[int, float], spread: float, k: int) -> dict:
-    """One bucket's advice (profiled at k) against the sweep's medians by step count."""
+def paired(runs: dict[int, list[float]], k: int) -> dict[int, list[float]]:
+    """Each step count's tokens/s over the profiled one's, round by round (the rounds interleave
+    them, so a round's pair shares the machine's state): the median ratio and its 95% bootstrap
+    interval, {step count: [median, low, high]}. What the sweep resolves of each ratio."""
+    from serving import median_ci
+
+    out = {}
+    for s, xs in sorted(runs.items()):
+        ratios = [a / b for a, b in zip(xs, runs.get(k) or []) if b]
+        if s != k and len(ratios) >= 4:
+            lo, hi = median_ci(ratios)
+            out[s] = [round(statistics.median(ratios), 4), round(lo, 4), round(hi, 4)]
+    return out
+
+
+def judge(advice: dict, measured: dict[int, float], spread: float, k: int, runs: dict | None = None) -> dict:
+    """One bucket's advice (profiled at k) against the sweep's medians by step count; with the
+    sweep's `runs` (each step count's tokens/s round by round), each prediction relative to k
+    against the interval of the paired ratios (`paired`)."""
     pred = {r["steps"]: r for r in advice["rows"]}
     errors = {}
     for s, m in sorted(measured.items()):
@@ -79,6 +96,12 @@ def judge(advice: dict, measured: dict[int, float], spread: float, k: int) -> di
             got = pred[s]["tokens_per_s"] / pred[k]["tokens_per_s"]
             want = m / measured[k]
             errors[s] = round(got / want - 1, 4)
+    intervals = {}
+    if runs and pred.get(k, {}).get("tokens_per_s"):
+        for s, (med, lo, hi) in paired(runs, k).items():
+            if s in pred:
+                got = pred[s]["tokens_per_s"] / pred[k]["tokens_per_s"]
+                intervals[s] = {"measured": [med, lo, hi], "predicted": round(got, 4), "inside": lo <= got <= hi}
     best = max(measured, key=measured.get)
     rec = advice["recommend"]
     pick_ok = rec in measured and measured[rec] >= measured[best] * (1 - spread)
@@ -90,7 +113,7 @@ def judge(advice: dict, measured: dict[int, float], spread: float, k: int) -> di
             "largest_error": max((abs(e) for s, e in errors.items() if s != k), default=None),
             "recommend": rec, "best_measured": best, "pick_within_noise": pick_ok,
             "recommendation_low_end_holds": low_holds, "profile_next": advice.get("profile_next"),
-            "noise": round(spread, 4)}
+            "noise": round(spread, 4), "intervals": intervals}
 
 
 def bucket_rates(cuts: dict[int, dict]) -> dict[int, dict[str, float]]:
@@ -138,6 +161,7 @@ def analyse_mean(result: dict, windows: list[dict], profiled: list[int], static:
         bucket = bucket_of(int(ld[1:]))
         decode = {int(m): xs for m, xs in ((result.get("profile_decode_tok_s") or {}).get(ld) or {}).items()
                   if m.isdigit() and xs}
+        per_round = {"clients": statics, "profile": decode}  # the bucket's rate is the whole run's: no rounds
         truths = {"clients": {s: statistics.median(xs) for s, xs in statics.items()},
                   "profile": {s: statistics.median(xs) for s, xs in decode.items()},
                   "bucket": {s: r[bucket] for s, r in by_bucket.items() if bucket in r}}
@@ -153,7 +177,7 @@ def analyse_mean(result: dict, windows: list[dict], profiled: list[int], static:
                     continue
                 row["predicted"] = {str(r["steps"]): [r["tokens_per_s"], r["low"], r["high"]] for r in adv["rows"]}
                 row["verify_growth"] = adv.get("verify_growth")
-                row["judged"][by] = judge(adv, med, spread, k)
+                row["judged"][by] = judge(adv, med, spread, k, per_round.get(by))
     return out
 
 
@@ -192,8 +216,19 @@ def verdict_lines(res: dict) -> list[str]:
                 lines.append(f"mean {mean} {key} ({by}, {m['rounds']} rounds, noise {100 * j['noise']:.1f}%): "
                              f"errors {errs}; recommend {j['recommend']}, best {j['best_measured']}, pick "
                              f"{'within' if j['pick_within_noise'] else 'OUTSIDE'} noise, low end "
-                             f"{'holds' if j['recommendation_low_end_holds'] else 'FAILS'}")
+                             f"{'holds' if j['recommendation_low_end_holds'] else 'FAILS'}"
+                             + inside_line(j.get("intervals")))
     return lines
+
+
+def inside_line(intervals: dict | None) -> str:
+    """"; inside the paired ratios' 95% interval N of M (outside: step count predicted [interval])"."""
+    if not intervals:
+        return ""
+    out = [f"{s}: {v['predicted']:.3f} [{v['measured'][1]:.3f}, {v['measured'][2]:.3f}]"
+           for s, v in intervals.items() if not v["inside"]]
+    n = sum(v["inside"] for v in intervals.values())
+    return f"; inside the paired interval {n} of {len(intervals)}" + (f" (outside: {', '.join(out)})" if out else "")
 
 
 PUBLISHED_READINGS = ("profiled at 3", "profiled at 6")  # what a user's profile at a middle or high step count gives

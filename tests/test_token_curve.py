@@ -197,3 +197,41 @@ def test_the_cap_advice_is_the_cap_that_ran_faster():
     r102 = at[102]["analysis"]["c128"]["3_vs_capped"]
     assert r128["ci95"][0] > 1.25 and r102["ci95"][0] > 1.0 and r128["median"] > r102["median"]
     assert at[128]["max_running_requests"] == 128 and at[102]["max_running_requests"] == 102
+
+
+def test_paired_ratios_and_their_interval():
+    """Round by round, each step count over the profiled one: a ratio that holds every round has
+    an interval of no width; rounds that differ widen it around their median."""
+    runs = {3: [100.0, 110.0, 90.0, 105.0, 95.0], 4: [120.0, 132.0, 108.0, 126.0, 114.0],
+            5: [90.0, 121.0, 72.0, 105.0, 104.5]}
+    got = advisor_sweep.paired(runs, 3)
+    assert set(got) == {4, 5}
+    assert got[4] == [1.2, 1.2, 1.2]
+    med, lo, hi = got[5]
+    assert med == 1.0 and lo < med < hi and hi - lo > 0.1
+    assert advisor_sweep.paired({3: [1.0, 2.0], 4: [1.0, 2.0]}, 3) == {}  # too few rounds
+
+
+def test_what_ten_rounds_of_the_recorded_sweep_resolve():
+    """The sweep of 2026-12-06 judged again with each prediction against the 95% interval of the
+    round-by-round ratios (bench/results/advisor-sweep-0.5.16-h100-2026-12-06-paired-2026-12-07.json):
+    read at 3 steps, with and without the kernel view, at least 40 of 45 predictions lie inside
+    the profile's intervals; at 48 concurrent those intervals are about twice as wide as at one
+    request, wider than the 5% a prediction is held to for most step counts."""
+    res = advisor_sweep.analyse(str(SWEEP_H100), [3])
+    inside: dict = {}
+    widths: dict = {}
+    for m in res["means"].values():
+        for key, row in m["cases"].items():
+            ld, _, reading = key.partition(" ")
+            j = row["judged"]["profile"]
+            for s, v in j["intervals"].items():
+                inside.setdefault(reading, []).append(v["inside"])
+                med, lo, hi = v["measured"]
+                assert lo <= med <= hi
+                if reading == "profiled at 3":
+                    widths.setdefault(ld, []).append((hi - lo) / med)
+    for reading in ("profiled at 3", "profiled at 3 with the kernel view"):
+        assert len(inside[reading]) == 45 and sum(inside[reading]) >= 40, reading
+    wide = sorted(widths["c48"])
+    assert sorted(widths["c1"])[7] < 0.06 and wide[7] > 0.08 and sum(w > 0.05 for w in wide) >= 10
