@@ -30,7 +30,32 @@ class Req:
             self.finished_len = self.max_new
 
 
-def serve(seed, reading, long_way, monkeypatch, phases_every=4):
+class SpanBackend(FakeBackend):
+    """The GPU backend's way of reading (cuda_backend._hold_gil): a cycle's readiness asked as
+    its first-to-last elapsed time, None while incomplete; every driver call counted."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = {"query": 0, "elapsed": 0, "span": 0}
+
+    def query(self, ev):
+        self.calls["query"] += 1
+        return super().query(ev)
+
+    def elapsed(self, a, b):
+        self.calls["elapsed"] += 1
+        return super().elapsed(a, b)
+
+    def span_held(self, a, b):
+        self.calls["span"] += 1
+        return b.t - a.t if a.done and b.done else None
+
+
+class CountingBackend(SpanBackend):
+    span_held = None
+
+
+def serve(seed, reading, long_way, monkeypatch, phases_every=4, backend=FakeBackend):
     """A v2 server's life from one seed: requests arriving in waves of random size and length,
     a prefill for each wave, decode cycles of what runs, idle spells; every window written."""
     if long_way:
@@ -38,7 +63,7 @@ def serve(seed, reading, long_way, monkeypatch, phases_every=4):
     else:
         monkeypatch.undo()
     rnd = random.Random(seed)
-    b = FakeBackend()
+    b = backend()
     out = []
     p = Profiler(b, interval=rnd.choice([7, 20, 50]), sink=out.append, config={"num_steps": 3, "worker": "v2"},
                  clock=b.clock, log_table=False, reading=reading, phases_every=phases_every)
@@ -82,6 +107,7 @@ def serve(seed, reading, long_way, monkeypatch, phases_every=4):
     b.advance(0.1, 3000.0)
     p.idle()
     assert p.flush()
+    serve.backend = b
     return out, p.totals_now()
 
 
@@ -145,3 +171,42 @@ def test_v1_keeps_its_marks_for_the_gate():
         p.end()
         p.harvest([1] * 4)
     assert p.flush()
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("reading", [INLINE, AT_HAND_OVER])
+def test_readiness_read_as_the_span_writes_the_same_windows_with_fewer_calls(seed, reading, monkeypatch):
+    """With `span_held` the readiness check is the cycle's first-to-last elapsed time: the same
+    windows and totals as a query and the reads after it, and for each cycle timed whole one
+    driver call where there were three (a query, its span, the gap)... less the span."""
+    queried, q_totals = serve(seed, reading, False, monkeypatch, backend=CountingBackend)
+    before = serve.backend.calls
+    spanned, s_totals = serve(seed, reading, False, monkeypatch, backend=SpanBackend)
+    after = serve.backend.calls
+    assert canon(spanned) == canon(queried)
+    assert s_totals == q_totals
+    assert before["span"] == 0 and after["query"] < before["query"] // 10  # only one-event slots are queried
+    assert after["span"] + after["query"] == before["query"]  # one readiness call a slot, either way
+    decode, phase = s_totals["decode_cycles"], s_totals["phase_cycles"]
+    # each cycle timed whole read its span in the readiness call, not in one of its own
+    assert before["elapsed"] - after["elapsed"] >= (decode - phase) * 9 // 10
+    assert after["elapsed"] + after["span"] + after["query"] < before["elapsed"] + before["query"]
+
+
+def test_a_cycle_not_complete_is_not_read_until_it_is():
+    b = SpanBackend()
+    p = Profiler(b, interval=1000, config={"num_steps": 3, "worker": "v2"}, clock=b.clock, log_table=False,
+                 phases_every=4)
+    b.hold = True
+    for _ in range(6):
+        p.begin("decode", 8)
+        b.advance(1.0)
+        p.mark("verify")
+        p.end()
+        p.harvest([1] * 8)
+    p.flush(timeout=0.1)
+    assert p.totals_now()["decode_cycles"] == 0 and b.calls["span"] >= 1
+    b.release()
+    assert p.flush()
+    t = p.totals_now()
+    assert t["decode_cycles"] == 6 and t["decode_gpu_ms"] == pytest.approx(6.0)

@@ -148,11 +148,21 @@ class DriverEvents(TorchEvents):
                 raise RuntimeError(f"cuEventElapsedTime failed: CUresult {err}")
             return ms.value
 
+        def span_held(a, b):
+            """The elapsed time, or None where `b` (or `a`) has not completed: a cycle's
+            readiness and its span in one call (Reader.slot_ready)."""
+            err = e(out, int(a), int(b))
+            if err == 0:
+                return ms.value
+            if err == 600:  # CUDA_ERROR_NOT_READY
+                return None
+            raise RuntimeError(f"cuEventElapsedTime failed: CUresult {err}")
+
         probe = self.new_event()
         query_held(probe)  # an event never recorded is complete: the call works here
         if r(int(probe), self.sraw) == 0:  # the record too, on the current stream
             self.crec = r  # the hot path's records: one C call, no wrapper (profiler.py)
-        self.query_held, self.elapsed_held = query_held, elapsed_held
+        self.query_held, self.elapsed_held, self.span_held = query_held, elapsed_held, span_held
         self.query_captured_held = lambda ev: query_held(ev.cuda_event)
         self.elapsed_captured_held = lambda a, b: elapsed_held(a.cuda_event, b.cuda_event)
 

@@ -27,7 +27,7 @@ class WholeReading:
         ev, host = s.events, s.host
         n = s.n
         h0 = host[0]
-        span = el(ev[0], ev[1]) if n > 1 else 0.0
+        span = s.span if self.span_held is not None else el(ev[0], ev[1]) if n > 1 else 0.0  # slot_ready read it
         s.span = span
         gap = period = gpu_period = None
         p = self.prev_done
