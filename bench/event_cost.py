@@ -194,6 +194,24 @@ def main():
         rec(h2, hs)
         sync()
         res[name + "_elapsed"] = per_call(lambda: el(ref, h1, h2), n, reps, sync)
+        try:  # the current entry point (CUDA 12.8 on), which the profiler takes where the driver has it
+            el2 = lib.cuEventElapsedTime_v2
+        except AttributeError:
+            el2 = None
+        if el2 is not None:
+            el2.argtypes, el2.restype = el.argtypes, ctypes.c_int
+            res[name + "_elapsed_v2"] = per_call(lambda: el2(ref, h1, h2), n, reps, sync)
+            if name == "ctypes_gil":  # both read the same times: pairs with GPU work between
+                ms2 = ctypes.c_float()
+                same = []
+                for k in range(200):
+                    rec(h1, hs)
+                    torch.cuda._sleep(1000 * (k % 7 + 1))
+                    rec(h2, hs)
+                    sync()
+                    assert el(ref, h1, h2) == 0 and el2(ctypes.byref(ms2), h1, h2) == 0
+                    same.append(ms.value == ms2.value)
+                res["elapsed_v1_v2_same"] = f"{sum(same)} of {len(same)}"
         with Busy():
             res[name + "_record_busy_thread"] = per_call(lambda: rec(h1, hs), n // 10, reps, sync)
     with Busy():

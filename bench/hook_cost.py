@@ -536,7 +536,8 @@ def main():
         with open(a.cycle_times, "w") as f:
             json.dump({"bs": a.bs, "phases_every": a.phases_every, "wait_us": a.wait_us, "cycles": per}, f)
         out["cycle_times"] = a.cycle_times
-    out.update(device=device or "cpu", events=getattr(backend, "kind", "none"), threaded=mode, wait_us=a.wait_us,
+    out.update(device=device or "cpu", events=getattr(backend, "kind", "none"),
+               elapsed_symbol=getattr(backend, "elapsed_symbol", None), threaded=mode, wait_us=a.wait_us,
                wait_kind=a.wait_kind, buckets=a.buckets, bs=a.bs, phases_every=a.phases_every, ctx=ctx, ops=a.ops,
                pollute_kb=a.pollute_kb)
     print(json.dumps(out))

@@ -127,7 +127,14 @@ class DriverEvents(TorchEvents):
         import ctypes
 
         lib = ctypes.PyDLL("libcuda.so.1")
-        q, e, r = lib.cuEventQuery, lib.cuEventElapsedTime, lib.cuEventRecord
+        q, r = lib.cuEventQuery, lib.cuEventRecord
+        # the elapsed time's current entry point (drivers of CUDA 12.8 on; what cuda.h calls
+        # cuEventElapsedTime since 13.0): the first one took 2.1 us a call against 0.27 through
+        # cuda.bindings on an H100 machine (bench/event_cost.py); older drivers have only that one
+        try:
+            e, self.elapsed_symbol = lib.cuEventElapsedTime_v2, "cuEventElapsedTime_v2"
+        except AttributeError:
+            e, self.elapsed_symbol = lib.cuEventElapsedTime, "cuEventElapsedTime"
         r.argtypes, r.restype = [ctypes.c_void_p, ctypes.c_void_p], ctypes.c_int
         q.argtypes, q.restype = [ctypes.c_void_p], ctypes.c_int
         e.argtypes, e.restype = [ctypes.POINTER(ctypes.c_float), ctypes.c_void_p, ctypes.c_void_p], ctypes.c_int
