@@ -130,7 +130,9 @@ class DriverEvents(TorchEvents):
         q, r = lib.cuEventQuery, lib.cuEventRecord
         # the elapsed time's current entry point (drivers of CUDA 12.8 on; what cuda.h calls
         # cuEventElapsedTime since 13.0): the first one took 2.1 us a call against 0.27 through
-        # cuda.bindings on an H100 machine (bench/event_cost.py); older drivers have only that one
+        # cuda.bindings on an H100 machine (bench/event_cost.py); older drivers have only that one.
+        # Both answer CUDA_ERROR_NOT_READY while either event is incomplete (span_held's readiness);
+        # the second does not report errors of other pending work, which the server meets itself
         try:
             e, self.elapsed_symbol = lib.cuEventElapsedTime_v2, "cuEventElapsedTime_v2"
         except AttributeError:
