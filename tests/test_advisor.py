@@ -234,3 +234,32 @@ def test_a_missing_or_broken_error_file_leaves_the_error_unknown(tmp_path, monke
     assert cli.main(["report", str(V1), "--json"]) == 0
     adv = json.loads(capsys.readouterr().out)["advice"]["1"]
     assert set(adv["last_measured_error"]) == {"unknown"}
+
+
+def test_a_live_window_advises_no_bucket_of_too_few_cycles(tmp_path):
+    """The live log's advice (and the gauges', `window_advice`) comes from each bucket alone: a
+    bucket of fewer than 20 decode cycles (a warm-up's, a batch size passed through) gets the
+    line that says so and no advice; the same bucket with 20 gets its advice."""
+    import copy
+    import lzma
+
+    from sglang_specprof import schema
+    from sglang_specprof.fit import LOCAL_MIN_CYCLES
+
+    path = tmp_path / "p.jsonl"
+    path.write_bytes(lzma.decompress((DATA / "exact" / "0.5.16-a" / "profile-s3k4.jsonl.xz").read_bytes()))
+    windows, _ = schema.read(str(path))
+    last = windows[-1]
+    assert last["buckets"]["1"]["cycles"] >= LOCAL_MIN_CYCLES > last["buckets"]["3-4"]["cycles"] > 0
+    live = advisor.window_advice(last)
+    assert "1" in live and "3-4" not in live
+    text = table.format_summary(last)
+    assert f"advisor: {last['buckets']['3-4']['cycles']} cycles, too few to predict from (20 at least)" in text
+    assert text.count("too few to predict from") == 1
+    few = copy.deepcopy(last)
+    few["buckets"]["1"]["cycles"] = LOCAL_MIN_CYCLES - 1
+    assert "1" not in advisor.window_advice(few) and text.count("advisor: the profiled tree") == 1
+    assert "advisor: the profiled tree" not in table.format_summary(few)
+    enough = copy.deepcopy(last)
+    enough["buckets"]["3-4"]["cycles"] = LOCAL_MIN_CYCLES
+    assert "3-4" in advisor.window_advice(enough)

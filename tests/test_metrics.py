@@ -7,6 +7,7 @@ import pytest
 
 from fakes import FakeBackend  # noqa: F401  (puts overlay/ on the path)
 from sglang_specprof import advisor, report
+from sglang_specprof.fit import LOCAL_MIN_CYCLES
 
 prometheus_client = pytest.importorskip("prometheus_client")
 from sglang.specprof.metrics import GAUGES, MetricsSink  # noqa: E402
@@ -52,8 +53,14 @@ def test_each_window_sets_every_gauge_with_its_figures(tmp_path):
             continue
         for name, p in b["phases"].items():
             assert shares[(key, name)] == pytest.approx(p["share"])
+        advised = {lab["bucket"] for lab, _ in got["sglang:specprof_advisor_best_steps"]}
+        if b["cycles"] < LOCAL_MIN_CYCLES:  # a few cycles predict their noise: no advice, no gauge
+            assert key not in advised
+            continue
         best = advisor.predict(advisor.inputs_from_bucket(b, w["config"]["num_steps"]))["best"]
         assert ({"tp_rank": "0", "bucket": key}, best) in got["sglang:specprof_advisor_best_steps"]
+    assert any(b["cycles"] < LOCAL_MIN_CYCLES for b in w["buckets"].values() if b["cycles"])
+    assert any(b["cycles"] >= LOCAL_MIN_CYCLES for b in w["buckets"].values())
 
 
 def test_a_series_a_window_no_longer_has_is_removed(tmp_path):
@@ -155,6 +162,9 @@ def test_the_log_table_and_the_gauges_share_one_advisor_run(tmp_path, monkeypatc
     from sglang.specprof.sinks import Advice
 
     w = _window(tmp_path)
+    for b in w["buckets"].values():  # each bucket with the cycles the live advice asks for
+        if b["cycles"]:
+            b["cycles"] = max(b["cycles"], LOCAL_MIN_CYCLES)
     judged = sum(1 for b in w["buckets"].values() if advisor.inputs_from_bucket(b, w["config"]["num_steps"]))
     assert judged >= 2
     calls = []

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 from .advisor import bucket_advice, named_setting, not_applicable
+from .fit import LOCAL_MIN_CYCLES
 from .kernels import format_block
 
 # what a terminal acts on rather than shows: C0 and C1 controls (escape sequences, a newline
@@ -232,7 +233,9 @@ def _advice_line(bucket: dict, cfg: dict, adv: dict | None = None) -> str | None
         if adv is None:
             adv = bucket_advice(bucket, steps, cfg, error=False)
             if adv is None:
-                return None
+                n = bucket.get("cycles") or 0
+                return (f"    advisor: {n} cycles, too few to predict from ({LOCAL_MIN_CYCLES} at least)"
+                        if n < LOCAL_MIN_CYCLES else None)
         if adv.get("trees"):
             return _tree_line(adv) + _error_tail(adv)
         best = next(r for r in adv["rows"] if r["steps"] == adv["best"])
