@@ -165,6 +165,57 @@ def test_the_results_are_named_by_the_installed_release(monkeypatch):
     assert serving.installed_sglang() == "unknown"
 
 
+def test_hand_overs_times_each_hand_over_and_what_it_folds(tmp_path):
+    """`bench/hand_overs.py --cpu`: one hand-over every 16 cycles (a slot and a list each), more
+    at the windows' closes; every cycle's slot and list folded once; what the items took is a
+    part of what the hand-overs took; no driver call on the CPU's events."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "overlay"))
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "hand_overs.py"), "--cpu", "--cycles", "640",
+                           "--wait-us", "0"], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert r["items_median"] == 32 and 640 // 16 <= r["hand_overs"] <= 640 // 16 + 640 // 100 + 2
+    items = r["by_item"]
+    assert abs(items["slot"]["n"] - 640) <= 16 and abs(items["accept"]["n"] - 640) <= 16
+    assert items["close"]["n"] in (6, 7)  # a window of 100 lists
+    spent = sum(v["n"] * v["us_each"] for v in items.values())
+    assert 0 < spent <= r["hand_over_us_per_cycle"] * 640 * 1.02
+    assert r["driver_calls"] == {} and r["driver_calls_per_cycle"] == 0
+    bad = subprocess.run([sys.executable, str(ROOT / "bench" / "hand_overs.py"), "--cpu", "--cycles", "8"],
+                         env=env, capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--cycles is 16 or more" in bad.stderr
+
+
+def test_hand_overs_counts_the_readers_driver_calls():
+    """With a backend that reads as the GPU's does (a readiness span, elapsed times), each call is
+    counted: a cycle timed whole makes two (its span, the gap before it), one timed by phase
+    twelve or so; at K = 4 about 4.8 a cycle."""
+    from test_whole_fold import SpanBackend  # (its fakes put overlay/ on the path)
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    import hand_overs
+    import hook_cost
+
+    from sglang.specprof.profiler import Profiler
+
+    class HeldBackend(SpanBackend):
+        def elapsed_held(self, a, b):
+            return self.elapsed(a, b)
+
+    b = HeldBackend()
+    p = Profiler(b, interval=100, config={"num_steps": 3, "worker": "v2"}, phases_every=4,
+                 **hook_cost.reading_kw(Profiler, "outputs"))
+    rec = hand_overs.instrument(p)
+    hook_cost.run(p, 64, lambda: None, bs=8)
+    p.flush()
+    hand_overs.reset(rec)
+    us = hook_cost.run(p, 320, lambda: None, bs=8)
+    r = hand_overs.summary(rec, us, 320)
+    calls = r["driver_calls"]
+    assert set(calls) == {"elapsed", "span"} and abs(calls["span"]["n"] - 320) <= 16
+    assert 4.5 <= r["driver_calls_per_cycle"] <= 5.0, r  # (3 x 2 + 13) / 4 = 4.75
+
+
 def test_hook_cost_pairs_another_tree_in_one_process(tmp_path):
     """`bench/hook_cost.py --against DIR` times DIR's profiler beside this one's, rep by rep,
     on the CPU's events that cost nothing: every cycle of both read, the reps paired."""

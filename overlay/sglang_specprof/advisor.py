@@ -253,9 +253,8 @@ def advise(summary: dict, live: bool = False) -> dict:
 
 def bucket_advice(bucket: dict, steps: int, config: dict | None, error: bool = True) -> dict | None:
     """One bucket predicted from itself alone at `steps` (with the advisor's last measured error
-    unless not `error`), or None where it cannot be judged: a bucket of fewer than
-    LOCAL_MIN_CYCLES decode cycles (a warm-up's first cycles, a batch size passed through) holds
-    its noise more than its setting (SGLang's warm-up request: 4 cycles of 200 ms, compiling)."""
+    unless not `error`), or None where it cannot be judged: fewer than LOCAL_MIN_CYCLES cycles (a
+    warm-up's compiling ones, a batch size passed through) hold their noise more than their setting."""
     if not (bucket.get("cycles") or 0) >= LOCAL_MIN_CYCLES:
         return None
     inp = inputs_from_bucket(bucket, steps, config=config)
