@@ -3,8 +3,9 @@ without waiting.
 
 A cycle is a sequence of marks. `begin(kind, bs)` records the first event, each
 `mark(name)` records one more and closes the phase `name` (from the previous mark to
-this one), `end()` queues the cycle. The events are read on the folder's reader thread
-once `query()` says the last one completed (reader.py), so no synchronisation is added.
+this one), `end()` queues the cycle. The events are read by the folder once the last one
+completed (Reader.slot_ready: asked as the cycle's span, or `query()`), so no synchronisation
+is added.
 Each cycle's events go into a slot of the pool (slots.py); draft steps inside a captured
 CUDA graph are timed by the draft graphs' hooks (graphs.py), which record into the same slots.
 
