@@ -255,7 +255,7 @@ def bucket_advice(bucket: dict, steps: int, config: dict | None, error: bool = T
     """One bucket predicted from itself alone at `steps` (with the advisor's last measured error
     unless not `error`), or None where it cannot be judged: fewer than LOCAL_MIN_CYCLES cycles (a
     warm-up's compiling ones, a batch size passed through) hold their noise more than their setting."""
-    if not (bucket.get("cycles") or 0) >= LOCAL_MIN_CYCLES:
+    if (bucket.get("cycles") or 0) < LOCAL_MIN_CYCLES:
         return None
     inp = inputs_from_bucket(bucket, steps, config=config)
     adv = predict(inp) if inp is not None else None

@@ -107,7 +107,7 @@ class Reader(WholeReading):
         """Whether the cycle's last event completed. Where the backend has `span_held`, asked as
         the elapsed time from its first event to its last, kept in `s.span`: for a cycle timed
         whole that is its span, so one driver call reads what a query and an elapsed time did
-        (each 2-4 us on a virtual machine's GPU, bench/hook_cost.py)."""
+        (1-4 us a call on an H100 machine, bench/hand_overs.py)."""
         n = s.n
         sp = self.span_held
         if sp is not None and n > 1:
