@@ -48,12 +48,12 @@ def test_each_window_sets_every_gauge_with_its_figures(tmp_path):
     assert kinds == {"decode": pytest.approx(w["seconds"]), "prefill": pytest.approx(w["prefill_seconds"]),
                      "beside_prefill": pytest.approx(w["beside_prefill_seconds"])}
     shares = {(lab["bucket"], lab["phase"]): v for lab, v in got["sglang:specprof_phase_share"]}
+    advised = {lab["bucket"] for lab, _ in got["sglang:specprof_advisor_best_steps"]}
     for key, b in w["buckets"].items():
         if not b["cycles"]:
             continue
         for name, p in b["phases"].items():
             assert shares[(key, name)] == pytest.approx(p["share"])
-        advised = {lab["bucket"] for lab, _ in got["sglang:specprof_advisor_best_steps"]}
         if b["cycles"] < LOCAL_MIN_CYCLES:  # a few cycles predict their noise: no advice, no gauge
             assert key not in advised
             continue

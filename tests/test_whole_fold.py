@@ -55,7 +55,7 @@ class CountingBackend(SpanBackend):
     span_held = None
 
 
-def serve(seed, reading, long_way, monkeypatch, phases_every=4, backend=FakeBackend):
+def serve(seed, reading, long_way, monkeypatch, phases_every=4, backend=None):
     """A v2 server's life from one seed: requests arriving in waves of random size and length,
     a prefill for each wave, decode cycles of what runs, idle spells; every window written."""
     if long_way:
@@ -63,7 +63,7 @@ def serve(seed, reading, long_way, monkeypatch, phases_every=4, backend=FakeBack
     else:
         monkeypatch.undo()
     rnd = random.Random(seed)
-    b = backend()
+    b = FakeBackend() if backend is None else backend
     out = []
     p = Profiler(b, interval=rnd.choice([7, 20, 50]), sink=out.append, config={"num_steps": 3, "worker": "v2"},
                  clock=b.clock, log_table=False, reading=reading, phases_every=phases_every)
@@ -107,7 +107,6 @@ def serve(seed, reading, long_way, monkeypatch, phases_every=4, backend=FakeBack
     b.advance(0.1, 3000.0)
     p.idle()
     assert p.flush()
-    serve.backend = b
     return out, p.totals_now()
 
 
@@ -177,12 +176,12 @@ def test_v1_keeps_its_marks_for_the_gate():
 @pytest.mark.parametrize("reading", [INLINE, AT_HAND_OVER])
 def test_readiness_read_as_the_span_writes_the_same_windows_with_fewer_calls(seed, reading, monkeypatch):
     """With `span_held` the readiness check is the cycle's first-to-last elapsed time: the same
-    windows and totals as a query and the reads after it, and for each cycle timed whole one
-    driver call where there were three (a query, its span, the gap)... less the span."""
-    queried, q_totals = serve(seed, reading, False, monkeypatch, backend=CountingBackend)
-    before = serve.backend.calls
-    spanned, s_totals = serve(seed, reading, False, monkeypatch, backend=SpanBackend)
-    after = serve.backend.calls
+    windows and totals as a query and the reads after it, and for each cycle timed whole two
+    driver calls where there were three (a query, its span, the gap)."""
+    before, after = CountingBackend(), SpanBackend()
+    queried, q_totals = serve(seed, reading, False, monkeypatch, backend=before)
+    spanned, s_totals = serve(seed, reading, False, monkeypatch, backend=after)
+    before, after = before.calls, after.calls
     assert canon(spanned) == canon(queried)
     assert s_totals == q_totals
     assert before["span"] == 0 and after["query"] < before["query"] // 10  # only one-event slots are queried
