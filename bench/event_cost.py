@@ -212,6 +212,18 @@ def main():
                     assert el(ref, h1, h2) == 0 and el2(ctypes.byref(ms2), h1, h2) == 0
                     same.append(ms.value == ms2.value)
                 res["elapsed_v1_v2_same"] = f"{sum(same)} of {len(same)}"
+        if name == "ctypes_gil":  # the profiler's form: no argtypes, c_void_p objects made once
+            lib2 = ctypes.PyDLL("libcuda.so.1")
+            rec2, q2 = lib2.cuEventRecord, lib2.cuEventQuery
+            el3 = getattr(lib2, "cuEventElapsedTime_v2", None) or lib2.cuEventElapsedTime
+            rec2.restype = q2.restype = el3.restype = ctypes.c_int
+            res[name + "_record_ptr"] = per_call(lambda: rec2(h1, hs), n, reps, sync)
+            res[name + "_query_ptr"] = per_call(lambda: q2(h1), n, reps, sync)
+            rec2(h1, hs)
+            rec2(h2, hs)
+            sync()
+            res[name + "_elapsed_ptr"] = per_call(lambda: el3(ref, h1, h2), n, reps, sync)
+            assert el3(ref, h1, h2) == 0 and ms.value >= 0
         with Busy():
             res[name + "_record_busy_thread"] = per_call(lambda: rec(h1, hs), n // 10, reps, sync)
     with Busy():

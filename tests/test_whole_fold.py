@@ -209,3 +209,42 @@ def test_a_cycle_not_complete_is_not_read_until_it_is():
     assert p.flush()
     t = p.totals_now()
     assert t["decode_cycles"] == 6 and t["decode_gpu_ms"] == pytest.approx(6.0)
+
+
+class Ptr:
+    """What the GPU backend's `handle` makes of an event (a ctypes.c_void_p made once)."""
+    __slots__ = ("ev",)
+
+    def __init__(self, ev):
+        self.ev = ev
+
+
+class HandleBackend(SpanBackend):
+    """The GPU backend's reads (cuda_backend._hold_gil): they take the slot's handles, never
+    its events (which the driver's functions, called without argtypes, could not convert)."""
+
+    handle = staticmethod(Ptr)
+
+    def _ev(self, h):
+        assert isinstance(h, Ptr), f"a read was given {type(h).__name__}, not the slot's handle"
+        return h.ev
+
+    def query_held(self, h):
+        return self.query(self._ev(h))
+
+    def elapsed_held(self, a, b):
+        return self.elapsed(self._ev(a), self._ev(b))
+
+    def span_held(self, a, b):
+        return SpanBackend.span_held(self, self._ev(a), self._ev(b))
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("reading", [INLINE, AT_HAND_OVER])
+def test_the_reads_take_the_slots_handles_and_write_the_same_windows(seed, reading, monkeypatch):
+    plain, p_totals = serve(seed, reading, False, monkeypatch, backend=SpanBackend())
+    b = HandleBackend()
+    handled, h_totals = serve(seed, reading, False, monkeypatch, backend=b)
+    assert canon(handled) == canon(plain)
+    assert h_totals == p_totals
+    assert b.calls["span"] > 100 and b.calls["elapsed"] > 100

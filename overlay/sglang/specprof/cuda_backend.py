@@ -36,7 +36,8 @@ class TorchEvents:
         self._streams: dict = {}
         self.stream = None
         self.stream_id = self._raw  # () -> the current stream's handle, a number (the hot path's check)
-        self.sraw = None  # the handle of `stream`
+        self.sraw = None  # the handle of `stream`, a number
+        self.sptr = None  # what `crec` takes for it (DriverEvents: a ctypes.c_void_p)
         self.refresh()
 
     def _stream(self, raw):
@@ -47,12 +48,16 @@ class TorchEvents:
 
     @staticmethod
     def handle(event):
-        """What `crec` takes for an event."""
+        """What `crec` and the reads take for an event."""
         return event
+
+    # the stream's handle as `crec` takes it
+    _ptr = staticmethod(lambda raw: raw)
 
     def refresh(self):
         """The stream the worker runs on now (the scheduler's forward stream): the long way of
-        `begin` calls it, and `end` where `stream_id()` changed. Returns that stream's handle."""
+        `begin` calls it, and `end` where `stream_id()` changed. Returns that stream's handle
+        (`sraw`, a number); `sptr` is what `crec` takes for it."""
         raw = self._raw()
         s = self._streams.get(raw)
         if s is None:
@@ -62,6 +67,7 @@ class TorchEvents:
             self._streams[raw] = s
         self.stream = s
         self.sraw = raw
+        self.sptr = self._ptr(raw)
         return raw
 
     def attach(self) -> None:
@@ -137,14 +143,16 @@ class DriverEvents(TorchEvents):
             e, self.elapsed_symbol = lib.cuEventElapsedTime_v2, "cuEventElapsedTime_v2"
         except AttributeError:
             e, self.elapsed_symbol = lib.cuEventElapsedTime, "cuEventElapsedTime"
-        r.argtypes, r.restype = [ctypes.c_void_p, ctypes.c_void_p], ctypes.c_int
-        q.argtypes, q.restype = [ctypes.c_void_p], ctypes.c_int
-        e.argtypes, e.restype = [ctypes.POINTER(ctypes.c_float), ctypes.c_void_p, ctypes.c_void_p], ctypes.c_int
+        # No argtypes: each call is given ctypes.c_void_p objects made once (an event's when its
+        # slot is made: `handle`; the stream's at `refresh`), not ints converted at every call,
+        # about 40% of ctypes' own cost of a call (bench/event_cost.py, `ctypes_gil_*_ptr`)
+        r.restype = q.restype = e.restype = ctypes.c_int
         ms = ctypes.c_float()
         out = ctypes.byref(ms)  # one buffer: every call holds the GIL, so none overlaps another
+        ptr = ctypes.c_void_p
 
         def query_held(ev):
-            err = q(int(ev))
+            err = q(ev)
             if err == 0:
                 return True
             if err == 600:  # CUDA_ERROR_NOT_READY
@@ -152,7 +160,7 @@ class DriverEvents(TorchEvents):
             raise RuntimeError(f"cuEventQuery failed: CUresult {err}")
 
         def elapsed_held(a, b):
-            err = e(out, int(a), int(b))
+            err = e(out, a, b)
             if err:
                 raise RuntimeError(f"cuEventElapsedTime failed: CUresult {err}")
             return ms.value
@@ -160,20 +168,25 @@ class DriverEvents(TorchEvents):
         def span_held(a, b):
             """The elapsed time, or None where `b` (or `a`) has not completed: a cycle's
             readiness and its span in one call (Reader.slot_ready)."""
-            err = e(out, int(a), int(b))
+            err = e(out, a, b)
             if err == 0:
                 return ms.value
             if err == 600:  # CUDA_ERROR_NOT_READY
                 return None
             raise RuntimeError(f"cuEventElapsedTime failed: CUresult {err}")
 
-        probe = self.new_event()
-        query_held(probe)  # an event never recorded is complete: the call works here
-        if r(int(probe), self.sraw) == 0:  # the record too, on the current stream
+        probe = ptr(int(self.new_event()))
+        if query_held(probe) is not True:  # an event never recorded is complete: the call works here
+            return
+        # from here each slot's handles are c_void_p objects, which every read and record takes
+        self.handle = lambda ev: ptr(int(ev))
+        self._ptr = ptr
+        self.sptr = ptr(self.sraw)
+        if r(probe, self.sptr) == 0:  # the record too, on the current stream
             self.crec = r  # the hot path's records: one C call, no wrapper (profiler.py)
         self.query_held, self.elapsed_held, self.span_held = query_held, elapsed_held, span_held
-        self.query_captured_held = lambda ev: query_held(ev.cuda_event)
-        self.elapsed_captured_held = lambda a, b: elapsed_held(a.cuda_event, b.cuda_event)
+        self.query_captured_held = lambda ev: query_held(ptr(ev.cuda_event))
+        self.elapsed_captured_held = lambda a, b: elapsed_held(ptr(a.cuda_event), ptr(b.cuda_event))
 
     def _check(self, err, value=None, call="a CUDA driver call"):
         if err is not self._ok:

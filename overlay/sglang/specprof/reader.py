@@ -111,13 +111,14 @@ class Reader(WholeReading):
         n = s.n
         sp = self.span_held
         if sp is not None and n > 1:
-            ms = sp(s.events[0], s.events[n - 1])
+            h = s.h
+            ms = sp(h[0], h[n - 1])
             if ms is None:
                 return False
             s.span = ms
             return True
         q = self.query_held
-        ev = s.events[n - 1]
+        ev = s.h[n - 1]
         return q(ev) if q is not None else self.backend.query(ev)
 
     def slot_stuck(self) -> bool:
@@ -178,7 +179,7 @@ class Reader(WholeReading):
     def slot_read(self, s, window):
         """A completed cycle's events: (Cycle, host time of its last mark) for the window."""
         el = self.elapsed_held or self.backend.elapsed
-        ev = s.events
+        ev = s.h  # the handles the reads take (cuda_backend: `handle`)
         phases = []
         offsets = []  # host start of each phase, from the cycle's first mark
         names, host = s.names, s.host
@@ -197,8 +198,9 @@ class Reader(WholeReading):
                 offsets.append((hb - h0) * 1000.0)
         s.span = span  # first mark to last, as the sum of the phases
         if s.eager_steps:
-            se = s.step_events
-            steps = [el(se[i - 1], se[i]) for i in range(1, s.ns)]
+            se = s.step_events  # events, not handles (rare: a draft run without its graph)
+            h = getattr(self.backend, "handle", None) or (lambda ev: ev)
+            steps = [el(h(se[i - 1]), h(se[i])) for i in range(1, s.ns)]
         elif s.steps_key is not None:
             steps = self.graphs.read(s)
         else:
@@ -210,7 +212,7 @@ class Reader(WholeReading):
         # it is the previous cycle's work and the GPU time between the two; on the host it
         # also holds whatever the scheduler waited for meanwhile (a prefill's results).
         # GPU time from the cycle just before (read once; None when that one was not timed)
-        since = el(p.events[p.n - 1], ev[0]) if p is not None and p.seq == s.seq - 1 else None
+        since = el(p.h[p.n - 1], ev[0]) if p is not None and p.seq == s.seq - 1 else None
         beside = None
         if since is not None and p.kind == "decode" and s.kind == "decode":
             gap = since

@@ -111,7 +111,8 @@ class Recorder(GraphHooks, SlotPool):
                     self._batch_state(s, ctx)
             self.cur = s
             b = self.backend
-            self._sraw = b.refresh()  # the stream's handle (each cycle's `end` checks it)
+            self._sid = b.refresh()  # the stream's handle, a number (each cycle's `end` checks it)
+            self._sraw = getattr(b, "sptr", None)  # the same, as `crec` takes it
             self._rec(s, 0)
             s.host[0] = self.clock()
             s.n = 1
@@ -156,7 +157,7 @@ class Recorder(GraphHooks, SlotPool):
             return
         self.cur = None
         try:
-            moved = self._stream_id() != self._sraw  # the worker's stream is not the one its events went to
+            moved = self._stream_id() != self._sid  # the worker's stream is not the one its events went to
         except Exception as e:
             self._fail(e)
             return

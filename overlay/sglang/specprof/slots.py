@@ -64,7 +64,8 @@ class SlotPool:
         self._handle = getattr(backend, "handle", None) or (lambda ev: ev)
         # () -> the stream's handle; without one, a C callable that gives None (no Python frame)
         self._stream_id = getattr(backend, "stream_id", None) or type(None)
-        self._sraw = getattr(backend, "sraw", None)  # the stream handle the records go to
+        self._sraw = getattr(backend, "sptr", None)  # the stream the records go to, as `crec` takes it
+        self._sid = getattr(backend, "sraw", None)  # and its handle, a number (`end` checks it)
         self.seq = 0
         # the Scheduler, once its idle housekeeping passed it (hooks.idle): its waiting queue is
         # read in the cycles timed by phase
@@ -169,7 +170,9 @@ class SlotPool:
             self.dropped += 1
             self.items.append(("lost", s.kind, s.steps))
             self.reader.recycle(s)
-            self._sraw = self.backend.refresh()
+            b = self.backend
+            self._sid = b.refresh()
+            self._sraw = getattr(b, "sptr", None)
             n = self._take_ready()
             if n is not None:  # made ready for the stream before: back to the pool
                 self.reader.recycle(n)

@@ -24,7 +24,7 @@ class WholeReading:
         if k is not None and s.seq in k.seqs:
             return False
         el = self.elapsed_held or self.backend.elapsed
-        ev, host = s.events, s.host
+        ev, host = s.h, s.host
         n = s.n
         h0 = host[0]
         span = s.span if self.span_held is not None else el(ev[0], ev[1]) if n > 1 else 0.0  # slot_ready read it
@@ -32,7 +32,7 @@ class WholeReading:
         gap = period = gpu_period = None
         p = self.prev_done
         if p is not None and p.seq == s.seq - 1 and p.kind == "decode":
-            gap = el(p.events[p.n - 1], ev[0])
+            gap = el(p.h[p.n - 1], ev[0])
             gpu_period = p.span + gap
             period = (h0 - p.host[0]) * 1000.0
         ms = span + (gap or 0.0)
