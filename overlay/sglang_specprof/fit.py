@@ -47,6 +47,9 @@ def wls(xs: list[list[float]], ys: list[float], ws: list[float]):
 
 BOUNDED_AT_ONE_STEP_COUNT = "bounded above by batch sizes at one step count"
 CONTEXT_SPREAD = 1.5  # verify's slope with context at two batch sizes this far apart (and beyond noise): not one plane
+# the requests a cycle of one load's points (10th to 90th percentile, by cycles) within this ratio: the
+# plane cannot tell a verified token's cost from a request's
+NARROW_REQUESTS = 1.5
 
 
 def context_slopes_agree(pts: list) -> bool:
@@ -71,6 +74,21 @@ def context_slopes_agree(pts: list) -> bool:
             if a > b * CONTEXT_SPREAD and a - b > 3 * math.hypot(sa, sb):
                 return False
     return True
+
+
+def requests_spread(pts: list) -> tuple:
+    """The 10th and 90th percentile of the requests a cycle over `fit_verify`'s points, by cycles."""
+    ranked = sorted((r, c) for _, _, _, c, r, _ in pts)
+    total = sum(c for _, c in ranked)
+    out, run = [], 0.0
+    for q in (0.1, 0.9):
+        run = 0.0
+        for r, c in ranked:
+            run += c
+            if run >= q * total:
+                out.append(r)
+                break
+    return out[0], out[1]
 
 
 def fit_verify(points: list, steps: int, draft_tokens: int | None = None) -> Growth | None:
@@ -105,6 +123,16 @@ def fit_verify(points: list, steps: int, draft_tokens: int | None = None) -> Gro
             # is counted as its tokens'. An upper bound; halfway taken.
             found = Growth(found.per_token / 2, 0.0, found.high,
                            BOUNDED_AT_ONE_STEP_COUNT + " (a request's own cost counted as its tokens'), halfway taken")
+        elif found is not None and len({round(t / r, 3) for t, _, _, _, r, _ in pts}) == 1:
+            lo, hi = requests_spread(pts)
+            if hi < NARROW_REQUESTS * lo:
+                # one load: its requests a cycle barely vary, and the plane's split between a token's
+                # cost and a request's swings with noise (one server's 41-48 requests gave 0.022 ms a
+                # token at 3 steps and 0.002 at 6, where its step counts measured 0.008 and 0.018): the
+                # plane's figure kept, its range from flat to proportional (advisor.inputs_from_bucket)
+                found = Growth(found.per_token, 0.0, math.inf,
+                               f"{BOUNDED_AT_ONE_STEP_COUNT} (one load, {lo:.0f}-{hi:.0f} requests a cycle: a "
+                               f"token's cost not told from a request's), the plane's figure taken")
     if found is None:
         # Several step counts at one number of requests (an adaptive profile, or profiles
         # merged): there the verified tokens differ and the requests (whose attention over
