@@ -97,6 +97,25 @@ def test_overhead_aa_puts_a_second_unpatched_server_in_the_rotation(tmp_path):
     assert not (tmp_path / "x").exists()
 
 
+def test_overhead_without_off_runs_on_upstream_and_the_aa_pair(tmp_path):
+    """--no-off: three servers (on, upstream, upstream2), so that an 8B-shaped A/A run fits an 80 GB
+    GPU; on / upstream and the A/A pair are measured, nothing is read of `off`."""
+    up = tmp_path / "unpatched"
+    up.mkdir()
+    run("overhead.py", tmp_path, "--sglang", "0.5.12", "--rounds", "3", "--concurrency", "2", "--new-tokens", "96",
+        "--upstream-path", str(up), "--aa", "--no-off", "--shape", "1b")
+    r = json.loads((tmp_path / "overhead-0.5.12-c2.json").read_text())
+    assert r["start_order"] == ["on", "upstream", "upstream2"] and not (tmp_path / "logs" / "server-off.log").exists()
+    assert "tok_s_off" not in r and "median_ratio" not in r and "median_ratio_off_vs_upstream" not in r
+    assert r["rounds"] == len(r["tok_s_on"]) == len(r["ratios_on_vs_upstream"]) == len(r["ratios_aa"]) == 3
+    v = r["aa_verdict"]
+    assert "off_vs_upstream_within_aa" not in v and "on_vs_upstream_low_at_or_above_aa_low" in v
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "overhead.py"), "--no-off", "--out", str(tmp_path / "x"),
+                           "--logs", str(tmp_path / "x" / "logs")], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "--no-off needs --upstream-path" in proc.stderr
+    assert not (tmp_path / "x").exists()
+
+
 def test_same_process_runs_alternate_on_and_paused_and_confirm_each_switch(monkeypatch, tmp_path):
     sys.path.insert(0, str(ROOT / "bench"))
     import overhead
