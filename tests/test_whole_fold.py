@@ -248,3 +248,27 @@ def test_the_reads_take_the_slots_handles_and_write_the_same_windows(seed, readi
     assert canon(handled) == canon(plain)
     assert h_totals == p_totals
     assert b.calls["span"] > 100 and b.calls["elapsed"] > 100
+
+
+def test_eager_draft_steps_are_read_through_the_handles():
+    """A draft run without its graph records its steps into the slot's own events (not handles):
+    the read makes handles of them first, so a backend whose reads take handles only times them."""
+    b = HandleBackend()
+    p = Profiler(b, interval=1000, config={"num_steps": 3, "worker": "v2"}, clock=b.clock, log_table=False,
+                 phases_every=1)
+    for _ in range(5):
+        p.begin("decode", 4)
+        b.advance(0.1)
+        for i, ms in enumerate((0.2, 0.3, 0.4)):
+            p.draft_step(i)
+            b.advance(ms)
+        p.draft_step(3)
+        p.mark("draft")
+        b.advance(1.0)
+        p.mark("verify")
+        p.end()
+        p.harvest([1] * 4)
+    assert p.flush()
+    steps = [s.stats() for s in p.folder.window.buckets["3-4"].steps]
+    assert [s["n"] for s in steps] == [5, 5, 5]
+    assert [s["mean"] for s in steps] == pytest.approx([0.2, 0.3, 0.4])
