@@ -17,7 +17,7 @@ against the sweep's best; the recommendation's low end against what the sweep me
         --statics 1 2 3 4 5 6 --policies --no-plain --alternate 0 --concurrency 1 16 48 \\
         --max-running 48 --tokens-scale 2 --rounds 10
     python bench/advisor_sweep.py --analyse OUT        # again, from the recorded runs (no GPU)
-    python bench/advisor_sweep.py --publish OUT/advisor-sweep.json   # the error the report shows
+    python bench/advisor_sweep.py --publish OUT/advisor-sweep.json [MORE.json]   # the error the report shows
 
 Needs an NVIDIA GPU for the runs; the analysis runs anywhere. Writes OUT/advisor-sweep.json.
 """
@@ -234,37 +234,45 @@ def inside_line(intervals: dict | None) -> str:
 PUBLISHED_READINGS = ("profiled at 3", "profiled at 6")  # what a user's profile at a middle or high step count gives
 
 
-def published(res: dict, name: str, readings=PUBLISHED_READINGS, truth: str = "clients") -> dict:
-    """What advisor_error.json holds, from one sweep's result (`analyse`, recorded as `name`):
-    for each load, the largest and the median |error| of the predictions relative to the
-    profiled setting, over every mean and each reading in `readings`, against the `truth`
-    medians (the clients')."""
+def published(res: dict | list, name: str | list, readings=PUBLISHED_READINGS, truth: str = "clients") -> dict:
+    """What advisor_error.json holds, from one sweep's result (`analyse`, recorded as `name`) or
+    several (lists of both): for each load, the largest and the median |error| of the predictions
+    relative to the profiled setting, over every sweep that measured that load, every mean and
+    each reading in `readings`, against the `truth` medians (the clients'); each load with the
+    date and the results of the sweeps that measured it."""
+    pairs = list(zip(res, name)) if isinstance(res, list) else [(res, name)]
     pooled: dict = {}
     sweeps = []
-    for mean, m in res["means"].items():
-        for key, row in m["cases"].items():
-            ld, _, reading = key.partition(" ")
-            j = (row.get("judged") or {}).get(truth)
-            if reading not in readings or not j or not ld.startswith("c"):
-                continue
-            errs = [abs(e) for s, e in j["errors"].items() if int(s) != j["profiled"]]
-            pooled.setdefault(int(ld[1:]), {"errors": [], "rounds": []})
-            pooled[int(ld[1:])]["errors"] += errs
-            pooled[int(ld[1:])]["rounds"].append(m["rounds"])
-        sweeps.append({"results": name, "release": m.get("sglang"), "date": m.get("date"),
-                       "command": m.get("command"), "simulated_acceptance_mean": float(mean),
-                       "readings": list(readings), "rounds": m["rounds"], "machine": m.get("machine")})
+    for r, nm in pairs:
+        for mean, m in r["means"].items():
+            for key, row in m["cases"].items():
+                ld, _, reading = key.partition(" ")
+                j = (row.get("judged") or {}).get(truth)
+                if reading not in readings or not j or not ld.startswith("c"):
+                    continue
+                errs = [abs(e) for s, e in j["errors"].items() if int(s) != j["profiled"]]
+                v = pooled.setdefault(int(ld[1:]), {"errors": [], "rounds": [], "dates": set(), "results": []})
+                v["errors"] += errs
+                v["rounds"].append(m["rounds"])
+                v["dates"].add(str(m.get("date")))
+                if nm not in v["results"]:
+                    v["results"].append(nm)
+            sweeps.append({"results": nm, "release": m.get("sglang"), "date": m.get("date"),
+                           "command": m.get("command"), "simulated_acceptance_mean": float(mean),
+                           "readings": list(readings), "rounds": m["rounds"], "machine": m.get("machine")})
     if not pooled:
-        raise SystemExit(f"{name}: no load with predictions judged against the {truth}' medians to publish")
+        raise SystemExit(f"{', '.join(n for _, n in pairs)}: no load with predictions judged against the {truth}' "
+                         f"medians to publish")
     by = {str(c): {"max_abs_error": round(max(v["errors"]), 4),
                    "median_abs_error": round(statistics.median(v["errors"]), 4),
-                   "predictions": len(v["errors"]), "rounds": min(v["rounds"])} for c, v in sorted(pooled.items())}
+                   "predictions": len(v["errors"]), "rounds": min(v["rounds"]), "date": max(v["dates"]),
+                   "results": v["results"]} for c, v in sorted(pooled.items())}
     return {"what": "the step-count advisor's error as bench/advisor_sweep.py measured it against an interleaved "
                     "sweep of static step counts: for each step count other than the profiled one, its predicted "
                     "tokens/s relative to the profiled setting's against the same ratio of the clients' medians "
                     f"(profiles read at {', '.join(r.split()[-1] for r in readings)} steps, every acceptance mean)",
             "release": ", ".join(dict.fromkeys(str(s["release"]) for s in sweeps)),
-            "date": max(str(s["date"]) for s in sweeps), "results": [name],
+            "date": max(str(s["date"]) for s in sweeps), "results": [n for _, n in pairs],
             "by_concurrency": by, "sweeps": sweeps}
 
 
@@ -276,16 +284,21 @@ def main():
     ap.add_argument("--out", default="bench-out")
     ap.add_argument("--logs", default=None, help="unused: each mean's logs go under OUT/mean-M/logs")
     ap.add_argument("--analyse", metavar="OUT", help="only the analysis, of a sweep written before")
-    ap.add_argument("--publish", metavar="RESULT", help="write the advisor's error measured by a sweep written "
-                    "before (OUT/advisor-sweep.json) into the package's advisor_error.json, which the report shows")
+    ap.add_argument("--publish", metavar="RESULT", nargs="+",
+                    help="write the advisor's error measured by sweeps written before (OUT/advisor-sweep.json) into "
+                         "the package's advisor_error.json, which the report shows: each load's figures pooled over "
+                         "the sweeps that measured it")
     ap.add_argument("--publish-to", default=None, help=argparse.SUPPRESS)
     ap.add_argument("rest", nargs=argparse.REMAINDER, help="-- then closed_loop.py's options")
     a = ap.parse_args()
     if a.publish:
         from advisor_check import ERROR_FILE, write_published
 
-        with open(a.publish) as f:
-            write_published(published(json.load(f), os.path.basename(a.publish)), a.publish_to or ERROR_FILE)
+        results = []
+        for path in a.publish:
+            with open(path) as f:
+                results.append(json.load(f))
+        write_published(published(results, [os.path.basename(p) for p in a.publish]), a.publish_to or ERROR_FILE)
         return
     if a.analyse:
         res = analyse(a.analyse, a.profiled)

@@ -47,7 +47,8 @@ def last_error(batch: float, path: str | None = None) -> dict:
     e = by[c]
     return {"concurrency": int(c), "max_abs_error": e["max_abs_error"], "median_abs_error": e["median_abs_error"],
             "predictions": e.get("predictions"), "rounds": e.get("rounds"), "release": data.get("release"),
-            "date": data.get("date"), "results": data.get("results"),
+            # the sweeps that measured this load (a file of several sweeps says so for each load)
+            "date": e.get("date", data.get("date")), "results": e.get("results", data.get("results")),
             "of": "each prediction's tokens/s relative to the profiled setting's, against the sweep's medians"}
 
 
