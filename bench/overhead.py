@@ -305,10 +305,9 @@ def main():
                                         log=log)
             res = {"benchmark": "overhead", "sglang": a.sglang, "concurrency": c,
                    "tok_s_on": [round(x, 2) for x in runs["on"]]}
-            ratios = [on / off for on, off in zip(runs["on"], runs["off"])] if "off" in runs else []
             if "off" in runs:
                 res["tok_s_off"] = [round(x, 2) for x in runs["off"]]
-                res.update(ratio_summary("", ratios))
+                res.update(ratio_summary("", [on / off for on, off in zip(runs["on"], runs["off"])]))
             if "upstream" in runs:
                 res["tok_s_upstream"] = [round(x, 2) for x in runs["upstream"]]
                 if "off" in runs:

@@ -80,7 +80,7 @@ def requests_spread(pts: list) -> tuple:
     """The 10th and 90th percentile of the requests a cycle over `fit_verify`'s points, by cycles."""
     ranked = sorted((r, c) for _, _, _, c, r, _ in pts)
     total = sum(c for _, c in ranked)
-    out, run = [], 0.0
+    out = []
     for q in (0.1, 0.9):
         run = 0.0
         for r, c in ranked:

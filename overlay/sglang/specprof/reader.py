@@ -67,6 +67,7 @@ class Reader(WholeReading):
         self.elapsed_held = getattr(backend, "elapsed_held", None)
         # a cycle's readiness as its first-to-last elapsed time (None: not complete), where the backend has it
         self.span_held = getattr(backend, "span_held", None)
+        self.handle = getattr(backend, "handle", None) or (lambda ev: ev)  # an event as the reads take it
         self.free = free  # the profiler's pool: read slots go back there
         self.graphs = graphs
         self.behind = behind  # () -> True when few free slots are left
@@ -199,7 +200,7 @@ class Reader(WholeReading):
         s.span = span  # first mark to last, as the sum of the phases
         if s.eager_steps:
             se = s.step_events  # events, not handles (rare: a draft run without its graph)
-            h = getattr(self.backend, "handle", None) or (lambda ev: ev)
+            h = self.handle
             steps = [el(h(se[i - 1]), h(se[i])) for i in range(1, s.ns)]
         elif s.steps_key is not None:
             steps = self.graphs.read(s)

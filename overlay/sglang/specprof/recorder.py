@@ -110,9 +110,7 @@ class Recorder(GraphHooks, SlotPool):
                 elif ctx is not None:
                     self._batch_state(s, ctx)
             self.cur = s
-            b = self.backend
-            self._sid = b.refresh()  # the stream's handle, a number (each cycle's `end` checks it)
-            self._sraw = getattr(b, "sptr", None)  # the same, as `crec` takes it
+            self._refresh_stream()
             self._rec(s, 0)
             s.host[0] = self.clock()
             s.n = 1

@@ -170,9 +170,7 @@ class SlotPool:
             self.dropped += 1
             self.items.append(("lost", s.kind, s.steps))
             self.reader.recycle(s)
-            b = self.backend
-            self._sid = b.refresh()
-            self._sraw = getattr(b, "sptr", None)
+            self._refresh_stream()
             n = self._take_ready()
             if n is not None:  # made ready for the stream before: back to the pool
                 self.reader.recycle(n)
@@ -180,6 +178,13 @@ class SlotPool:
             self._fail(e)
         if self.open_at_end:
             self.gate.open()
+
+    def _refresh_stream(self):
+        """The stream the worker runs on now (the long way of `begin`, a changed stream): its
+        handle as a number (`end` checks it) and as `crec` takes it."""
+        b = self.backend
+        self._sid = b.refresh()
+        self._sraw = getattr(b, "sptr", None)
 
     def next_window(self):
         """The settlement queued a window's close: the items go to the folder, and the next
