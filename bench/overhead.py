@@ -178,7 +178,7 @@ def independent_check(server, concurrency, new_tokens):
 
 def started(a) -> list:
     """The servers this run starts, in the default start order."""
-    names = ["on"] if a.same_process or a.no_off else ["off", "on"]
+    names = ["on"] if a.same_process or a.no_off else ["off"] if a.no_on else ["off", "on"]
     names += (["upstream"] if a.upstream_path else []) + (["upstream2"] if a.aa else [])
     return names + (["check"] if a.check else [])
 
@@ -248,6 +248,9 @@ def main():
     ap.add_argument("--no-off", action="store_true",
                     help="no `off` server (three 8B-shaped servers fit one 80 GB GPU where four do not): on / "
                          "upstream and the A/A pair alone")
+    ap.add_argument("--no-on", action="store_true",
+                    help="no `on` server: off / upstream and the A/A pair alone (what the patched build costs with "
+                         "the flag off, three servers on an 80 GB GPU)")
     ap.add_argument("--tag", default="", help="suffix of the result files' names")
     ap.add_argument("--same-process", action="store_true",
                     help="on and off in one server: its profiler paused and resumed by a signal between runs")
@@ -256,6 +259,9 @@ def main():
         ap.error("--aa needs --upstream-path (the A/A pair is two unpatched servers)")
     if a.no_off and (a.same_process or a.off_profile or not a.upstream_path):
         ap.error("--no-off needs --upstream-path (on is compared with upstream), and no --same-process or --off-profile")
+    if a.no_on and (a.no_off or a.same_process or a.check or a.on_extra or not a.upstream_path):
+        ap.error("--no-on needs --upstream-path (off is compared with upstream), and no --no-off, --same-process, "
+                 "--check or --on-extra")
     order = a.start_order.split(",") if a.start_order else started(a)
     if sorted(order) != sorted(started(a)):
         ap.error(f"--start-order names {','.join(order)}, but this run starts {','.join(started(a))}: name each once")
@@ -273,6 +279,8 @@ def main():
         plan = {"on": (plan["on"][0], dict(env, SGLANG_SPECPROF_PAUSE_SIGNAL=PAUSE_SIGNAL))}
     elif a.no_off:
         del plan["off"]
+    elif a.no_on:
+        del plan["on"]
     if a.upstream_path:
         up_env = dict(env, PYTHONPATH=a.upstream_path + os.pathsep + env.get("PYTHONPATH", ""))
         plan["upstream"] = (common, up_env)
@@ -303,23 +311,26 @@ def main():
             else:
                 runs = interleaved_runs({n: servers[n].port for n in compared}, c, a.new_tokens, a.rounds, budget,
                                         log=log)
-            res = {"benchmark": "overhead", "sglang": a.sglang, "concurrency": c,
-                   "tok_s_on": [round(x, 2) for x in runs["on"]]}
+            res = {"benchmark": "overhead", "sglang": a.sglang, "concurrency": c}
+            if "on" in runs:
+                res["tok_s_on"] = [round(x, 2) for x in runs["on"]]
             if "off" in runs:
                 res["tok_s_off"] = [round(x, 2) for x in runs["off"]]
-                res.update(ratio_summary("", [on / off for on, off in zip(runs["on"], runs["off"])]))
+                if "on" in runs:
+                    res.update(ratio_summary("", [on / off for on, off in zip(runs["on"], runs["off"])]))
             if "upstream" in runs:
                 res["tok_s_upstream"] = [round(x, 2) for x in runs["upstream"]]
                 if "off" in runs:
                     up = [off / u for off, u in zip(runs["off"], runs["upstream"])]
                     res.update(ratio_summary("_off_vs_upstream", up))
-                res.update(ratio_summary("_on_vs_upstream", [on / u for on, u in zip(runs["on"], runs["upstream"])]))
+                if "on" in runs:
+                    res.update(ratio_summary("_on_vs_upstream", [on / u for on, u in zip(runs["on"], runs["upstream"])]))
             if "upstream2" in runs:  # the A/A control: two unpatched servers, equal but for chance
                 res["tok_s_upstream2"] = [round(x, 2) for x in runs["upstream2"]]
                 res.update(ratio_summary("_aa", [b / u for b, u in zip(runs["upstream2"], runs["upstream"])]))
                 res["aa_verdict"] = aa_verdict(res)
                 print(aa_verdict_line(res["aa_verdict"]), flush=True)
-            res.update({"rounds": len(runs["on"]), "new_tokens": a.new_tokens, "start_order": order,
+            res.update({"rounds": len(next(iter(runs.values()))), "new_tokens": a.new_tokens, "start_order": order,
                         "command": portable_command("bench/overhead.py", sys.argv[1:]),
                         "machine": machine(), "date": datetime.date.today().isoformat(),
                         "profiler": profiler})

@@ -97,22 +97,29 @@ def test_overhead_aa_puts_a_second_unpatched_server_in_the_rotation(tmp_path):
     assert not (tmp_path / "x").exists()
 
 
-def test_overhead_without_off_runs_on_upstream_and_the_aa_pair(tmp_path):
-    """--no-off: three servers (on, upstream, upstream2), so that an 8B-shaped A/A run fits an 80 GB
-    GPU; on / upstream and the A/A pair are measured, nothing is read of `off`."""
+@pytest.mark.parametrize("flag, kept, left", [("--no-off", "on", "off"), ("--no-on", "off", "on")])
+def test_overhead_without_one_build_runs_three_servers(tmp_path, flag, kept, left):
+    """--no-off: on, upstream, upstream2 (on / upstream against the A/A pair); --no-on: off, upstream,
+    upstream2 (what the patched build costs with the flag off). Three 8B-shaped servers fit an 80 GB
+    GPU where four do not; nothing is read of the server left out, and a run that cannot compare is
+    refused before any server starts."""
     up = tmp_path / "unpatched"
     up.mkdir()
     run("overhead.py", tmp_path, "--sglang", "0.5.12", "--rounds", "3", "--concurrency", "2", "--new-tokens", "96",
-        "--upstream-path", str(up), "--aa", "--no-off", "--shape", "1b")
+        "--upstream-path", str(up), "--aa", flag, "--shape", "1b")
     r = json.loads((tmp_path / "overhead-0.5.12-c2.json").read_text())
-    assert r["start_order"] == ["on", "upstream", "upstream2"] and not (tmp_path / "logs" / "server-off.log").exists()
-    assert "tok_s_off" not in r and "median_ratio" not in r and "median_ratio_off_vs_upstream" not in r
-    assert r["rounds"] == len(r["tok_s_on"]) == len(r["ratios_on_vs_upstream"]) == len(r["ratios_aa"]) == 3
-    v = r["aa_verdict"]
-    assert "off_vs_upstream_within_aa" not in v and "on_vs_upstream_low_at_or_above_aa_low" in v
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "overhead.py"), "--no-off", "--out", str(tmp_path / "x"),
-                           "--logs", str(tmp_path / "x" / "logs")], capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 2 and "--no-off needs --upstream-path" in proc.stderr
+    assert r["start_order"] == [kept, "upstream", "upstream2"]
+    assert not (tmp_path / "logs" / f"server-{left}.log").exists()
+    assert f"tok_s_{left}" not in r and "median_ratio" not in r and f"median_ratio_{left}_vs_upstream" not in r
+    assert r["rounds"] == len(r[f"tok_s_{kept}"]) == len(r[f"ratios_{kept}_vs_upstream"]) == len(r["ratios_aa"]) == 3
+    verdict = {"on": "on_vs_upstream_low_at_or_above_aa_low", "off": "off_vs_upstream_within_aa"}
+    assert verdict[kept] in r["aa_verdict"] and verdict[left] not in r["aa_verdict"]
+    refused = [[flag]] + ([[flag, "--upstream-path", str(up), "--no-off"], [flag, "--upstream-path", str(up), "--check"]]
+                          if flag == "--no-on" else [])
+    for args in refused:
+        proc = subprocess.run([sys.executable, str(ROOT / "bench" / "overhead.py"), *args, "--out", str(tmp_path / "x"),
+                               "--logs", str(tmp_path / "x" / "logs")], capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 2 and f"{flag} needs --upstream-path" in proc.stderr, (args, proc.stderr)
     assert not (tmp_path / "x").exists()
 
 
