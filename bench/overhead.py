@@ -234,6 +234,9 @@ def main():
                          "every other thread of theirs and the clients on the CPUs left")
     ap.add_argument("--on-extra", default="", metavar="FLAGS",
                     help="more flags for the `on` server, e.g. '--speculative-profile-kernels 1'")
+    ap.add_argument("--on-env", action="append", default=[], metavar="KEY=VALUE",
+                    help="more environment for the `on` server (repeatable), e.g. SGLANG_SPECPROF_DRAFT_STEPS=0: "
+                         "with --off-profile, on / off is then the cost of what that setting leaves out")
     ap.add_argument("--off-profile", action="store_true",
                     help="the `off` server runs --speculative-profile too: `on` / `off` is then the cost of --on-extra")
     ap.add_argument("--gpu-clocks", action="store_true",
@@ -259,7 +262,10 @@ def main():
         ap.error("--aa needs --upstream-path (the A/A pair is two unpatched servers)")
     if a.no_off and (a.same_process or a.off_profile or not a.upstream_path):
         ap.error("--no-off needs --upstream-path (on is compared with upstream), and no --same-process or --off-profile")
-    if a.no_on and (a.no_off or a.same_process or a.check or a.on_extra or not a.upstream_path):
+    bad_env = [e for e in a.on_env if "=" not in e or not e.split("=", 1)[0]]
+    if bad_env:
+        ap.error(f"--on-env takes KEY=VALUE, not {bad_env[0]!r}")
+    if a.no_on and (a.no_off or a.same_process or a.check or a.on_extra or a.on_env or not a.upstream_path):
         ap.error("--no-on needs --upstream-path (off is compared with upstream), and no --no-off, --same-process, "
                  "--check or --on-extra")
     order = a.start_order.split(",") if a.start_order else started(a)
@@ -274,9 +280,10 @@ def main():
     prof = ["--speculative-profile", "--speculative-profile-output", os.path.join(a.logs, "on.jsonl")]
     off = common + (["--speculative-profile", "--speculative-profile-output", os.path.join(a.logs, "off.jsonl")]
                     if a.off_profile else [])
-    plan = {"off": (off, env), "on": (common + prof + shlex.split(a.on_extra), env)}
+    on_env = dict(env, **dict(e.split("=", 1) for e in a.on_env))
+    plan = {"off": (off, env), "on": (common + prof + shlex.split(a.on_extra), on_env)}
     if a.same_process:
-        plan = {"on": (plan["on"][0], dict(env, SGLANG_SPECPROF_PAUSE_SIGNAL=PAUSE_SIGNAL))}
+        plan = {"on": (plan["on"][0], dict(plan["on"][1], SGLANG_SPECPROF_PAUSE_SIGNAL=PAUSE_SIGNAL))}
     elif a.no_off:
         del plan["off"]
     elif a.no_on:
@@ -342,8 +349,8 @@ def main():
                   flush=True)
             if clocks is not None:
                 print(json.dumps({k: v for k, v in res["gpu_clocks"].items() if k != "runs"}), flush=True)
-            if a.on_extra or a.off_profile:
-                res["on_extra"], res["off_profile"] = a.on_extra, a.off_profile
+            if a.on_extra or a.off_profile or a.on_env:
+                res["on_extra"], res["off_profile"], res["on_env"] = a.on_extra, a.off_profile, a.on_env
             if a.same_process:
                 res["same_process"] = True  # off: the same server with its profiler paused
             if pinned:

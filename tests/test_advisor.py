@@ -274,3 +274,29 @@ def test_a_live_window_advises_no_bucket_of_too_few_cycles(tmp_path):
     enough = copy.deepcopy(last)
     enough["buckets"]["3-4"]["cycles"] = LOCAL_MIN_CYCLES
     assert "3-4" in advisor.window_advice(enough)
+
+
+def test_without_step_times_a_draft_step_is_the_drafts_replay_over_its_forwards():
+    """A bucket whose draft steps were not timed (SGLANG_SPECPROF_DRAFT_STEPS=0) or never read (on
+    0.5.16's overlap most reads are lost) prices a draft step as the draft's replay over its forward
+    steps: in the recorded 8B-shaped profile (3 steps) every step count's prediction stays within
+    0.5% of the one made from the measured step times, where the draft extend (the fallback for a
+    profile at 1 step) put a step 19-33% too dear and 6 steps 3-4% too slow."""
+    import copy
+
+    path = ROOT / "bench" / "results" / "profiles" / "overhead-0.5.16-8b-aa-noff-h100-on-2026-12-07.jsonl.xz"
+    windows, _ = report.load(str(path))
+    summary = report.summarize(windows)
+    stripped = copy.deepcopy(summary)
+    for b in stripped["buckets"].values():
+        assert len(b["draft_steps_gpu_ms"]) == (3 if b["cycles"] else 0)  # measured here
+        b["draft_steps_gpu_ms"] = []
+    timed, untimed = report.advise(summary), report.advise(stripped)
+    assert set(timed) == set(untimed) == {"1", "5-8", "9-16"}
+    for key in timed:
+        a = {r["steps"]: r["tokens_per_s"] for r in timed[key]["rows"]}
+        b = {r["steps"]: r["tokens_per_s"] for r in untimed[key]["rows"]}
+        assert set(a) == set(b) and {1, 2, 3, 6, 8} <= set(a)
+        for k in a:
+            assert b[k] == pytest.approx(a[k], rel=0.005), (key, k)
+        assert untimed[key]["best_setting"]["steps"] == timed[key]["best_setting"]["steps"]

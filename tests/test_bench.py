@@ -97,6 +97,26 @@ def test_overhead_aa_puts_a_second_unpatched_server_in_the_rotation(tmp_path):
     assert not (tmp_path / "x").exists()
 
 
+def test_overhead_on_env_reaches_the_on_server_only(tmp_path):
+    """--on-env KEY=VALUE: the `on` server's environment alone (with --off-profile, on / off is the
+    cost of what the setting leaves out: here the draft-step events); a value without a key is
+    refused before any server starts."""
+    run("overhead.py", tmp_path, "--sglang", "0.5.12", "--rounds", "2", "--concurrency", "2", "--new-tokens", "96",
+        "--off-profile", "--on-env", "SGLANG_SPECPROF_DRAFT_STEPS=0")
+    r = json.loads((tmp_path / "overhead-0.5.12-c2.json").read_text())
+    assert r["on_env"] == ["SGLANG_SPECPROF_DRAFT_STEPS=0"] and r["off_profile"] is True
+    configs = {}
+    for name in ("on", "off"):
+        first = (tmp_path / "logs" / f"{name}.jsonl").read_text().splitlines()[0]
+        configs[name] = json.loads(first)["config"]
+    assert configs["on"].get("draft_steps") is False and "draft_steps" not in configs["off"]
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "overhead.py"), "--on-env", "=1", "--out",
+                           str(tmp_path / "x"), "--logs", str(tmp_path / "x" / "logs")],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "--on-env takes KEY=VALUE, not '=1'" in proc.stderr
+    assert not (tmp_path / "x").exists()
+
+
 @pytest.mark.parametrize("flag, kept, left", [("--no-off", "on", "off"), ("--no-on", "off", "on")])
 def test_overhead_without_one_build_runs_three_servers(tmp_path, flag, kept, left):
     """--no-off: on, upstream, upstream2 (on / upstream against the A/A pair); --no-on: off, upstream,

@@ -332,6 +332,60 @@ def test_draft_steps_inside_a_captured_graph(fake):
     assert out[0]["steps_lost"] == 0
 
 
+def test_draft_steps_not_timed_leave_no_event_in_the_graph(monkeypatch):
+    """SGLANG_SPECPROF_DRAFT_STEPS=0: capture records no event node inside the draft graph (each
+    one is GPU work in every replay), an eager draft none either; the draft is timed as one phase,
+    the profile says its steps were not timed, and the report says why there is no step line."""
+    from sglang_specprof.table import format_summary
+
+    monkeypatch.setenv("SGLANG_SPECPROF_DRAFT_STEPS", "0")
+    b = FakeBackend()
+    out = []
+    p = Profiler(b, interval=10, sink=out.append, config={"num_steps": 3}, clock=b.clock, log_table=False)
+    external = []
+    new_event = b.new_event
+
+    def counted(*a, **kw):
+        if kw.get("external") or (a and a[0]):
+            external.append(1)
+        return new_event(*a, **kw)
+
+    b.new_event = counted
+    b.capture = True
+    p.capture_begin("g", 2)
+    for i in range(4):
+        p.draft_step(i)
+    b.capture = False
+    p.capture_end()
+    assert p.graphs.step_events == {} and not p.graphs.timed
+    for k in range(11):
+        p.begin("decode", 1)
+        b.advance(0.3)
+        p.mark("draft_prep")
+        p.draft_replay_begin("g", 2)
+        b.advance(1.2)
+        p.draft_replay_end()
+        p.draft_end()
+        for i in range(4):  # a draft run eagerly in the same cycle: no step events either
+            p.draft_step(i)
+        b.advance(6.0)
+        p.mark("verify")
+        p.end()
+        b.advance(0.2)
+        p.harvest([2])
+    assert external == []  # no event made for a graph's node
+    s = out[0]
+    bucket = s["buckets"]["1"]
+    assert bucket["draft_steps_gpu_ms"] == [] and s["steps_lost"] == 0
+    assert bucket["phases"]["draft"]["gpu_ms"]["mean"] == pytest.approx(1.2)
+    assert s["config"]["draft_steps"] is False
+    text = format_summary(s)
+    assert "draft steps: not timed (SGLANG_SPECPROF_DRAFT_STEPS=0" in text and "draft steps gpu ms" not in text
+    monkeypatch.setenv("SGLANG_SPECPROF_DRAFT_STEPS", "1")  # the default: timed, and nothing said
+    assert Profiler(b, interval=10, config={"num_steps": 3}, clock=b.clock, log_table=False).graphs.timed
+    assert "draft_steps" not in Profiler(b, interval=10, config={}, clock=b.clock, log_table=False).config
+
+
 def test_replay_before_the_previous_one_completed_loses_only_that_read(fake):
     p, b, out = fake
     evs = captured_graph(p, b, ("g", 1), 2)

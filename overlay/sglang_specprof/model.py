@@ -149,7 +149,12 @@ def cycle_ms(inp: Inputs, k: int, per_token: float, tokens: int | None = None, s
     # at 1 step no draft step runs the draft model: one is taken to cost what its extend
     # over the verified tokens does (on the H200, 0.43 and 0.48 ms a step against 0.52 and
     # 0.70 ms of extend at 1 and 17-32 requests), which bounds it from above
-    s = sum(forward_steps) / len(forward_steps) if forward_steps else ph.get(DRAFT_EXTEND, 0.0)
+    if forward_steps:
+        s = sum(forward_steps) / len(forward_steps)
+    elif K > 1 and not inp.step_ms and ph.get(DRAFT):
+        s = ph[DRAFT] / (K - 1)  # no step times (not timed, or none read): the draft's replay over its forwards
+    else:
+        s = ph.get(DRAFT_EXTEND, 0.0)
     draft = max(ph.get(DRAFT, 0.0) + (k - K) * s - (1.0 - step_share) * max(k - 1, 0) * s, 0.0)
     base = ph.get(VERIFY, 0.0)
     if verify_delta is None:

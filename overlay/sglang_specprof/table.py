@@ -151,6 +151,8 @@ def format_summary(s: dict, pause=None, advice: dict | None = None) -> str:
         if b["draft_steps_gpu_ms"]:
             steps = " ".join(_f(st["mean"]) for st in b["draft_steps_gpu_ms"])
             lines.append(f"    draft steps gpu ms: {steps}")
+        elif cfg.get("draft_steps") is False and not plain:
+            lines.append("    draft steps: not timed (SGLANG_SPECPROF_DRAFT_STEPS=0: the draft is one phase)")
         gr = b["graph"]
         if not plain:  # the speculative forwards' graphs (a plain forward's are upstream's own)
             # without a draft model the verify is the only forward a cycle runs

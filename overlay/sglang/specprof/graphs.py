@@ -10,14 +10,24 @@ pass them; the key is built here).
 
 from __future__ import annotations
 
+import os
 import threading
 
 MAX_STEP_MARKS = 64  # eager draft-step marks a cycle may hold (steps + 1), apart from the phase marks
+# "0" in the server's environment: no draft-step events, so no event node inside the draft graphs
+# (each costs the GPU about 2 us a replay, in every cycle); the draft is then timed as one phase
+DRAFT_STEPS_ENV = "SGLANG_SPECPROF_DRAFT_STEPS"
+
+
+def draft_steps_timed(environ=os.environ) -> bool:
+    """Whether the draft's steps are timed (the default), from DRAFT_STEPS_ENV."""
+    return environ.get(DRAFT_STEPS_ENV, "1").strip().lower() not in ("0", "off", "no", "false")
 
 
 class DraftGraphs:
     def __init__(self, backend, clock):
         self.backend = backend
+        self.timed = draft_steps_timed()  # False: no step events, under capture or eager
         # the reads keep the GIL where the backend can (cuda_backend.DriverEvents._hold_gil)
         self.query_held = getattr(backend, "query_captured_held", None)
         self.elapsed_held = getattr(backend, "elapsed_captured_held", None)
@@ -54,7 +64,7 @@ class DraftGraphs:
     def captured_step(self, i):
         """Inside draft_forward during capture: one event node per step boundary."""
         key = self.capturing
-        if key is None:
+        if key is None or not self.timed:
             return
         evs = self.step_events.setdefault(key, [])
         if i == 0:
@@ -158,7 +168,7 @@ class GraphHooks:
                 self.graphs.captured_step(i)
                 return
             s = self.cur
-            if s is None or not s.detail:
+            if s is None or not s.detail or not self.graphs.timed:
                 return
             if i == 0:
                 s.ns = 0  # a draft that ran again in the same cycle: its steps replace the first's

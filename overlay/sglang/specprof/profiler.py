@@ -62,6 +62,8 @@ class Profiler(AcceptHooks, NullProfiler):
         self.clock = clock
         self.rank = rank
         self.graphs = DraftGraphs(backend, clock)
+        if not self.graphs.timed:
+            self.config["draft_steps"] = False  # the report says why a bucket has no step times
         # the scheduler's thread's recording: the slot pool, the cycle in flight, the held items
         self.recorder = rec = Recorder(backend, clock, self.graphs, self.config, phases_every, self._fail)
         for name in RECORDER_HOOKS:
