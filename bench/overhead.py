@@ -267,7 +267,7 @@ def main():
         ap.error(f"--on-env takes KEY=VALUE, not {bad_env[0]!r}")
     if a.no_on and (a.no_off or a.same_process or a.check or a.on_extra or a.on_env or not a.upstream_path):
         ap.error("--no-on needs --upstream-path (off is compared with upstream), and no --no-off, --same-process, "
-                 "--check or --on-extra")
+                 "--check, --on-extra or --on-env")
     order = a.start_order.split(",") if a.start_order else started(a)
     if sorted(order) != sorted(started(a)):
         ap.error(f"--start-order names {','.join(order)}, but this run starts {','.join(started(a))}: name each once")
