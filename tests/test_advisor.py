@@ -300,3 +300,18 @@ def test_without_step_times_a_draft_step_is_the_drafts_replay_over_its_forwards(
         for k in a:
             assert b[k] == pytest.approx(a[k], rel=0.005), (key, k)
         assert untimed[key]["best_setting"]["steps"] == timed[key]["best_setting"]["steps"]
+
+
+def test_step_pricing_sets_both_estimates_against_the_measured_steps():
+    """bench/step_pricing.py over the recorded 8B-shaped profile: three graph buckets, the draft phase
+    over its forward steps within 2% of the measured steps in each, the draft extend above by 15% or
+    more, and the first nearer in all three."""
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "step_pricing.py"), str(
+        ROOT / "bench" / "results" / "profiles" / "overhead-0.5.16-8b-aa-noff-h100-on-2026-12-07.jsonl.xz")],
+        capture_output=True, text=True, timeout=120, env=dict(os.environ, PYTHONPATH=str(ROOT / "overlay")))
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    g = out["graph"]
+    assert out["profiles"] == 1 and g["buckets"] == 3 and out["eager"] == {"buckets": 0}
+    assert 0.98 <= g["draft_over_forwards"]["min"] <= g["draft_over_forwards"]["max"] <= 1.02
+    assert g["draft_extend"]["min"] >= 1.15 and g["phase_estimate_nearer"] == 3
