@@ -394,6 +394,24 @@ def test_replay_before_the_previous_one_completed_loses_only_that_read(fake):
     assert p.steps_lost == 1
 
 
+def test_a_bucket_whose_step_reads_were_all_lost_says_so(fake):
+    """Every replay rewritten before its step times were read (the overlap scheduler launches the
+    next one before the GPU ends this draft): the bucket has no step line, and the report says why
+    instead of leaving it out."""
+    from sglang_specprof.table import format_summary
+
+    p, b, out = fake
+    evs = captured_graph(p, b, ("g", 1), 2)
+    for _ in range(11):
+        graph_cycle(p, b, ("g", 1), evs, [0.5, 0.5], ran=False)
+        p.harvest([1])
+    s = out[0]
+    assert s["steps_lost"] >= 10 and s["buckets"]["1"]["draft_steps_gpu_ms"] == []
+    text = format_summary(s)
+    assert "draft steps: none read here (each replay's step times rewritten by the next replay first" in text
+    assert "draft steps gpu ms" not in text
+
+
 def test_a_replay_done_by_its_cycle_end_is_read_there(fake):
     """Read at the cycle's end when the device ran it: the next replay (on 0.5.12 launched
     where the GPU waits for the host) has nothing to read, and a read it could not make

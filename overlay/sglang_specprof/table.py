@@ -153,6 +153,9 @@ def format_summary(s: dict, pause=None, advice: dict | None = None) -> str:
             lines.append(f"    draft steps gpu ms: {steps}")
         elif cfg.get("draft_steps") is False and not plain:
             lines.append("    draft steps: not timed (SGLANG_SPECPROF_DRAFT_STEPS=0: the draft is one phase)")
+        elif s.get("steps_lost") and (b["graph"]["replays"] or {}).get("draft"):
+            lines.append("    draft steps: none read here (each replay's step times rewritten by the next replay "
+                         "first: 'lost' below)")
         gr = b["graph"]
         if not plain:  # the speculative forwards' graphs (a plain forward's are upstream's own)
             # without a draft model the verify is the only forward a cycle runs
