@@ -274,3 +274,19 @@ def test_one_loads_profile_ranges_hold_the_sweep_at_48_requests(monkeypatch):
     monkeypatch.setattr(fit, "NARROW_REQUESTS", 1.0)  # the plane's own range, as before
     before = ranges_hold(advisor_sweep.analyse(str(SWEEP_C48), [6]))
     assert sum(not x for x in before["c48 profiled at 6"]) >= 4
+
+
+def test_a_bounded_growth_says_what_would_measure_it():
+    """One load at one step count (a request's cost and a token's not told apart): the note names a
+    second step count at that load first, kernel samples after; a profile of several loads at one
+    step count (bounded for another reason) only the kernel samples."""
+    notes = {}
+    for name in ("overhead-0.5.12-c1-long-2026-12-03", "overhead-0.5.16-8b-aa-noff-h100-on-2026-12-07"):
+        windows, _ = report.load(str(ROOT / "bench" / "results" / "profiles" / f"{name}.jsonl.xz"))
+        adv = report.advise(report.summarize(windows))
+        notes[name] = [n for a in adv.values() for n in a["notes"] if n.startswith("verify's growth")]
+    one_load, several = notes.values()
+    assert one_load and all("a stretch at a second step count at this load" in n and "kernel samples" in n
+                            for n in one_load)
+    assert several and all("second step count" not in n and "kernel samples at two batch sizes" in n
+                           for n in several)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from . import window
 from .advice_text import error_line, format_advice, is_profiled, named_setting  # noqa: F401  (advisor's interface)
-from .fit import BOUNDED_AT_ONE_STEP_COUNT, LOCAL_MIN_CYCLES, TokenCurve, fit_verify, local_growth
+from .fit import BOUNDED_AT_ONE_STEP_COUNT, LOCAL_MIN_CYCLES, TokenCurve, bounded_growth_note, fit_verify, local_growth
 from .measured_error import ERROR_FILE, last_error, with_error  # noqa: F401  (advisor's interface)
 from .model import (CENTRAL, DRAFT, DRAFT_EXTEND, HIGH, HOST_BOUND_SHARE, LOW, VERIFY, Growth, Inputs,  # noqa: F401
                     acceptance, cycle_ms, expected_tokens, host_bound_cycle, host_waited, measured_positions, setting)
@@ -308,8 +308,7 @@ def _profile(summary: dict) -> dict:
             c, lo, hi = (max(d / inp.batch, 0.0) for d in curve.delta(m, m + inp.batch))  # one step more
             inp.growth = Growth(c, lo, hi, curve.how, curve)
         elif inp.verify_growth().how.startswith(BOUNDED_AT_ONE_STEP_COUNT):
-            inp.notes.append("verify's growth with the tokens is bounded here, not measured: kernel samples at two "
-                             "batch sizes or more (--speculative-profile-kernels N) measure it")
+            inp.notes.append(bounded_growth_note(inp.verify_growth().how))
         if sib is not None:
             sk, sb = sib
             inp.per_position = list(sb["accept"]["per_position"])

@@ -52,6 +52,16 @@ CONTEXT_SPREAD = 1.5  # verify's slope with context at two batch sizes this far 
 NARROW_REQUESTS = 1.5
 
 
+def bounded_growth_note(how: str) -> str:
+    """What measures verify's growth where a profile only bounds it (`how`, a Growth's, starting
+    BOUNDED_AT_ONE_STEP_COUNT): a second step count at the same load tells a verified token's cost
+    from a request's; kernel samples at two token counts or more read it off the kernels."""
+    second = ("a stretch at a second step count at this load (--speculative-num-steps, or --speculative-adaptive "
+              "with --speculative-adaptive-policy cost, which tries step counts) or ")
+    return ("verify's growth with the tokens is bounded here, not measured: " + (second if "one load" in how else "")
+            + "kernel samples at two batch sizes or more (--speculative-profile-kernels N) measure it")
+
+
 def context_slopes_agree(pts: list) -> bool:
     """Whether verify time rises with the context tokens at one slope at every batch size (each
     batch-size bucket's own weighted line through verify time against context, three points
