@@ -151,7 +151,7 @@ def cycle_ms(inp: Inputs, k: int, per_token: float, tokens: int | None = None, s
     # 0.70 ms of extend at 1 and 17-32 requests), which bounds it from above
     if forward_steps:
         s = sum(forward_steps) / len(forward_steps)
-    elif K > 1 and not inp.step_ms and ph.get(DRAFT):
+    elif K > 1 and ph.get(DRAFT):
         s = ph[DRAFT] / (K - 1)  # no step times (not timed, or none read): the draft's replay over its forwards
     else:
         s = ph.get(DRAFT_EXTEND, 0.0)

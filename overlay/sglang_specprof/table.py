@@ -148,15 +148,15 @@ def format_summary(s: dict, pause=None, advice: dict | None = None) -> str:
         gap = b["between_cycles_gpu_ms"]
         lines.append(f"    {'(between cycles)':<20}{_f(gap['mean']):>9}{_f(gap['p50']):>9}{_f(gap['p90']):>9}"
                      f"{_f(gap['p99']):>9}")
+        gr = b["graph"]
         if b["draft_steps_gpu_ms"]:
             steps = " ".join(_f(st["mean"]) for st in b["draft_steps_gpu_ms"])
             lines.append(f"    draft steps gpu ms: {steps}")
         elif cfg.get("draft_steps") is False and not plain:
             lines.append("    draft steps: not timed (SGLANG_SPECPROF_DRAFT_STEPS=0: the draft is one phase)")
-        elif s.get("steps_lost") and (b["graph"]["replays"] or {}).get("draft"):
+        elif s.get("steps_lost") and (gr["replays"] or {}).get("draft"):
             lines.append("    draft steps: none read here (each replay's step times rewritten by the next replay "
                          "first: 'lost' below)")
-        gr = b["graph"]
         if not plain:  # the speculative forwards' graphs (a plain forward's are upstream's own)
             # without a draft model the verify is the only forward a cycle runs
             replays, eager = ((_only(gr["replays"], "verify"), _only(gr["eager"], "verify")) if why
