@@ -315,3 +315,41 @@ def test_step_pricing_sets_both_estimates_against_the_measured_steps():
     assert out["profiles"] == 1 and g["buckets"] == 3 and out["eager"] == {"buckets": 0}
     assert 0.98 <= g["draft_over_forwards"]["min"] <= g["draft_over_forwards"]["max"] <= 1.02
     assert g["draft_extend"]["min"] >= 1.15 and g["phase_estimate_nearer"] == 3
+
+
+def test_draft_nodes_reads_the_step_events_cost_from_two_profiles():
+    """bench/draft_nodes.py: a draft phase 10 µs longer in every window of the profile with step
+    events reads as 10 µs a replay, its share of the cycle as 10 µs over the cycle; windows whose
+    draft was timed in too few cycles are left out; and on the recorded pair of 2026-12-07 (one
+    server with the step events, one without, the same load) the events cost 7-10 µs a replay at
+    every batch size, an interval that excludes none."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import draft_nodes
+
+    def window(i, p50, n=12):
+        return {"window": i, "buckets": {"1": {"phases": {"draft": {"gpu_ms": {"p50": p50, "n": n}}}}}}
+
+    with_steps = [window(i, 0.850 + 0.001 * (i % 3)) for i in range(9)] + [window(9, 5.0, n=2)]
+    without = [window(i, 0.840 + 0.001 * (i % 3)) for i in range(9)]
+    summary = {"buckets": {"1": {"cycle_gpu_ms": {"mean": 5.0}}}}
+    orig = draft_nodes.report.summarize
+    draft_nodes.report.summarize = lambda windows: summary
+    try:
+        row = draft_nodes.compare(with_steps, without)["1"]
+    finally:
+        draft_nodes.report.summarize = orig
+    assert row["windows"] == [9, 9] and row["nodes_us"] == pytest.approx(10.0)
+    assert row["nodes_us_ci95"][0] <= 10.0 <= row["nodes_us_ci95"][1]
+    assert row["share_of_cycle"] == pytest.approx(0.002)
+
+    prof = ROOT / "bench" / "results" / "profiles"
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "draft_nodes.py"),
+                           str(prof / "overhead-0.5.16-8b-steps0-aa-h200-steps-2026-12-07.jsonl.xz"),
+                           str(prof / "overhead-0.5.16-8b-steps0-aa-h200-nosteps-2026-12-07.jsonl.xz")],
+                          capture_output=True, text=True, timeout=120, env=dict(os.environ, PYTHONPATH=str(ROOT / "overlay")))
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads(proc.stdout)["buckets"]
+    assert set(rows) == {"1", "5-8", "9-16"}
+    for r in rows.values():
+        assert 7.0 <= r["nodes_us"] <= 10.0 and r["nodes_us_ci95"][0] > 5.0, r
+        assert 0.0008 <= r["share_of_cycle"] <= 0.0013
