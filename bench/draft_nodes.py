@@ -19,6 +19,7 @@ import statistics
 import sys
 
 from sglang_specprof import report
+from sglang_specprof.schema import ProfileError, SourceError
 
 MIN_PHASE_CYCLES = 5  # a window's draft p50 from fewer phase-timed cycles is left out
 
@@ -65,7 +66,10 @@ def compare(with_steps: list, without: list) -> dict:
 def main(argv: list) -> dict:
     if len(argv) != 2:
         sys.exit("usage: bench/draft_nodes.py WITH_STEPS.jsonl WITHOUT_STEPS.jsonl")
-    loaded = [report.load(p)[0] for p in argv]
+    try:
+        loaded = [report.load(p)[0] for p in argv]
+    except (ProfileError, SourceError) as e:
+        sys.exit(str(e))
     for p, w in zip(argv, loaded):
         if not w:
             sys.exit(f"{p}: no window in this profile.")

@@ -16,6 +16,7 @@ import statistics
 import sys
 
 from sglang_specprof import report
+from sglang_specprof.schema import ProfileError, SourceError
 
 MIN_CYCLES = 20
 
@@ -53,7 +54,10 @@ def summarize(rows: list) -> dict:
 def main(paths: list[str]) -> dict:
     rows, read = [], 0
     for path in paths:
-        windows, _ = report.load(path)
+        try:
+            windows, _ = report.load(path)
+        except (ProfileError, SourceError) as e:
+            sys.exit(str(e))
         if not windows:
             continue
         read += 1

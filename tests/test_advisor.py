@@ -353,3 +353,10 @@ def test_draft_nodes_reads_the_step_events_cost_from_two_profiles():
     for r in rows.values():
         assert 7.0 <= r["nodes_us"] <= 10.0 and r["nodes_us_ci95"][0] > 5.0, r
         assert 0.0008 <= r["share_of_cycle"] <= 0.0013
+
+    # a profile that is not there: one sentence, no traceback, a non-zero exit
+    bad = subprocess.run([sys.executable, str(ROOT / "bench" / "draft_nodes.py"), str(prof / "none.jsonl"),
+                          str(prof / "none.jsonl")], capture_output=True, text=True, timeout=60,
+                         env=dict(os.environ, PYTHONPATH=str(ROOT / "overlay")))
+    assert bad.returncode != 0 and "Traceback" not in bad.stderr and "none.jsonl" in bad.stderr
+    assert len(bad.stderr.strip().splitlines()) == 1
