@@ -46,17 +46,15 @@ def interval(a: list, b: list, reps: int = 2000, seed: int = 1) -> list:
 def compare(with_steps: list, without: list) -> dict:
     """Per bucket both profiles hold: the nodes' cost a replay in µs, its interval, its share of a cycle."""
     a, b = draft_p50s(with_steps), draft_p50s(without)
-    cycles = {n: s.get("cycle_gpu_ms") for n, s in report.summarize(with_steps)["buckets"].items()}
+    cycles = {n: (s.get("cycle_gpu_ms") or {}).get("mean") for n, s in report.summarize(with_steps)["buckets"].items()}
     out = {}
     for name in sorted(set(a) & set(b), key=lambda n: (len(n), n)):
-        diff = statistics.median(a[name]) - statistics.median(b[name])
+        ma, mb = statistics.median(a[name]), statistics.median(b[name])
+        diff = ma - mb
         lo, hi = interval(a[name], b[name])
-        row = {"windows": [len(a[name]), len(b[name])],
-               "draft_p50_ms": [round(statistics.median(a[name]), 4), round(statistics.median(b[name]), 4)],
+        row = {"windows": [len(a[name]), len(b[name])], "draft_p50_ms": [round(ma, 4), round(mb, 4)],
                "nodes_us": round(diff * 1000, 1), "nodes_us_ci95": [round(lo * 1000, 1), round(hi * 1000, 1)]}
         cyc = cycles.get(name)
-        if isinstance(cyc, dict):
-            cyc = cyc.get("mean")
         if cyc:
             row["share_of_cycle"] = round(diff / cyc, 5)
         out[name] = row
